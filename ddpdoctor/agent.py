@@ -1,0 +1,54 @@
+"""One torchrun agent, run by the supervisor: ``python -m ddpdoctor.agent OUT.json -- TORCHRUN_ARGS``.
+
+It is torch.distributed.run itself (rendezvous, worker start, failure handling, SIGTERM to the
+survivors) plus one addition: when workers fail, it writes torchrun's failure table as JSON so the
+supervisor gets exit codes and signals per rank without parsing logs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import sys
+import time
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this agent if the supervisor dies, so no agent is ever orphaned."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> None:
+    out_path, sep, *torchrun_args = sys.argv[1:]
+    assert sep == "--", "usage: python -m ddpdoctor.agent OUT.json -- TORCHRUN_ARGS"
+    _die_with_parent()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(torchrun_args))
+    except ChildFailedError as exc:
+        failures = [
+            {
+                "rank": rank,
+                "local_rank": f.local_rank,
+                "pid": f.pid,
+                "exitcode": f.exitcode,
+                "signal": f.signal_name() if f.exitcode < 0 else None,
+                "t": f.timestamp,
+            }
+            for rank, f in sorted(exc.failures.items())
+        ]
+        with open(out_path, "w") as fh:
+            json.dump({"failures": failures, "t": time.time()}, fh)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

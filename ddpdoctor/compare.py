@@ -1,0 +1,26 @@
+"""Cross-rank comparison of fingerprints; pure Python so analyzers run without torch."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+Fingerprint = Optional[list]
+
+RTOL = 1e-6
+
+
+def differs(a: Fingerprint, b: Fingerprint, *, rtol: float = RTOL) -> bool:
+    """Whether two fingerprints come from different tensors (None vs value counts as different)."""
+    if a is None or b is None:
+        return (a is None) != (b is None)
+    for x, y in zip(a, b):
+        if abs(x - y) > rtol * max(abs(x), abs(y), 1e-12):
+            return True
+    return False
+
+
+def relative_difference(a: Fingerprint, b: Fingerprint) -> float:
+    """Largest relative difference between two fingerprints, for the report."""
+    if a is None or b is None:
+        return float("inf")
+    return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))

@@ -1,0 +1,137 @@
+"""Probes on torch.save / torch.load and torch.distributed.checkpoint.
+
+Each save or load records the resolved path, size, call site and the rank's collective sequence
+number before and after, so the analyzer can order a write on one rank against a read on another
+(happens-before through collectives). Saves also carry a fingerprint of the saved tensors, to tell
+identical per-rank copies from distinct per-rank state. Nothing the script writes is changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from typing import Any, Optional
+
+import torch
+
+from ddpdoctor import callsite
+from ddpdoctor.probes.patching import patch
+from ddpdoctor.recorder import Recorder
+
+_inside = threading.local()  # set while a save/load (or a DCP call) is running: inner calls are its own
+MAX_TENSORS = 10_000
+STATE_KEYS = ("state_dict", "model", "model_state_dict", "module")
+
+
+def _path_of(f: Any) -> Optional[str]:
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) and not name.startswith("<") else None
+
+
+def _tensors(obj: Any, out: list, depth: int = 0) -> None:
+    if len(out) >= MAX_TENSORS or depth > 4:
+        return
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            _tensors(value, out, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            _tensors(value, out, depth + 1)
+
+
+@torch.no_grad()
+def state_fingerprint(obj: Any) -> Optional[str]:
+    """Digest of every tensor's float64 sum and shape: equal for identical replicas' state."""
+    tensors: list[torch.Tensor] = []
+    _tensors(obj, tensors)
+    if not tensors:
+        return None
+    sums = torch.stack([t.detach().to("cpu", torch.float64).sum() if t.numel() else torch.zeros((), dtype=torch.float64)
+                        for t in tensors]).tolist()
+    shapes = [tuple(t.shape) for t in tensors]
+    return hashlib.blake2b(repr((sums, shapes)).encode(), digest_size=8).hexdigest()
+
+
+def module_prefixed(obj: Any) -> bool:
+    """Whether a state dict (possibly nested under a usual key) was saved from the DDP wrapper."""
+    if not isinstance(obj, dict) or not obj:
+        return False
+    keys = [k for k in obj if isinstance(k, str)]
+    if keys and all(k.startswith("module.") for k in keys):
+        return True
+    return any(module_prefixed(obj[k]) for k in STATE_KEYS if isinstance(obj.get(k), dict))
+
+
+def install(rec: Recorder) -> None:
+    def wrap_save(original):
+        def save(obj, f, *args, **kwargs):
+            if getattr(_inside, "active", False):
+                return original(obj, f, *args, **kwargs)
+            _inside.active = True
+            try:
+                seq_start = rec.collective_seq
+                result = original(obj, f, *args, **kwargs)
+                path = _path_of(f)
+                rec.emit("save", path=path, bytes=os.path.getsize(path) if path and os.path.isfile(path) else None,
+                         seq_start=seq_start, seq_end=rec.collective_seq, fingerprint=state_fingerprint(obj),
+                         module_prefix=module_prefixed(obj), site=callsite.caller_site(3))
+                return result
+            finally:
+                _inside.active = False
+
+        return save
+
+    def wrap_load(original):
+        def load(f, *args, **kwargs):
+            if getattr(_inside, "active", False):
+                return original(f, *args, **kwargs)
+            _inside.active = True
+            path = _path_of(f)
+            map_location = kwargs.get("map_location", args[0] if args else None)
+            fields = dict(path=path, existed=os.path.exists(path) if path else None, seq_start=rec.collective_seq,
+                          map_location=None if map_location is None else str(map_location),
+                          site=callsite.caller_site(3))
+            try:
+                result = original(f, *args, **kwargs)
+            except BaseException as exc:
+                rec.emit("load", **fields, error=f"{type(exc).__name__}: {exc}"[:300])
+                raise
+            finally:
+                _inside.active = False
+            rec.emit("load", **fields, module_prefix=module_prefixed(result))
+            return result
+
+        return load
+
+    def wrap_dcp(name: str):
+        def wrap(original):
+            def dcp_call(*args, **kwargs):
+                if getattr(_inside, "active", False):
+                    return original(*args, **kwargs)
+                _inside.active = True
+                try:
+                    checkpoint_id = kwargs.get("checkpoint_id")
+                    rec.emit("dcp", op=name, path=str(checkpoint_id) if checkpoint_id is not None else None,
+                             site=callsite.caller_site(2))
+                    return original(*args, **kwargs)
+                finally:
+                    _inside.active = False
+
+            return dcp_call
+
+        return wrap
+
+    for owner in (torch, torch.serialization):
+        patch(owner, "save", wrap_save)
+        patch(owner, "load", wrap_load)
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError:
+        return
+    for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
+        patch(dcp, name, wrap_dcp(name))

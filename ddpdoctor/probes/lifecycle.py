@@ -1,0 +1,48 @@
+"""Probes on process-group setup and teardown: who this rank is, which backend, when it ended."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ddpdoctor import callsite
+from ddpdoctor.probes.patching import patch
+from ddpdoctor.recorder import Recorder
+
+
+def install(rec: Recorder) -> None:
+    def wrap_init(original):
+        def init_process_group(*args, **kwargs):
+            result = original(*args, **kwargs)
+            rec.rank = dist.get_rank()
+            rec.world_size = dist.get_world_size()
+            rec.emit(
+                "init_pg",
+                backend=str(dist.get_backend()),
+                world_size=rec.world_size,
+                local_rank=rec.local_rank,
+                node_rank=rec.node_rank,
+                host=rec.host,
+                pid=rec.pid,
+                site=callsite.caller_site(),
+            )
+            return result
+
+        return init_process_group
+
+    def wrap_destroy(original):
+        def destroy_process_group(*args, **kwargs):
+            if not args and kwargs.get("group") is None:
+                rec.emit("destroy_pg", site=callsite.caller_site())
+            return original(*args, **kwargs)
+
+        return destroy_process_group
+
+    for owner in (dist, c10d):
+        patch(owner, "init_process_group", wrap_init)
+        patch(owner, "destroy_process_group", wrap_destroy)
+    rec.emit("process_start", pid=os.getpid(), host=rec.host, local_rank=rec.local_rank,
+             node_rank=rec.node_rank, world_size=rec.world_size,
+             fingerprint_every=rec.fingerprint_every)
