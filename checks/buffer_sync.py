@@ -1,0 +1,82 @@
+"""buffer-sync: module buffers (BatchNorm running statistics...) stay identical across ranks."""
+
+from __future__ import annotations
+
+from ddpdoctor.check_api import Check, CheckResult, Finding, Location
+from ddpdoctor.compare import relative_difference
+from ddpdoctor.evidence import Evidence
+
+from ._common import fmt_ranks, group_by_value
+
+ID = "buffer-sync"
+
+DOCS = """\
+## What it does
+Fingerprints the buffers of every DDP-wrapped module at each training forward pass (after DDP's
+own buffer broadcast) and compares them across ranks. Reports the first buffer that differs.
+
+## Why it matters
+With `broadcast_buffers=False` each rank keeps its own BatchNorm running mean and variance, computed
+on its own shard only. Evaluation then gives different answers per rank and the checkpoint rank 0
+saves holds statistics of 1/N of the data. Buffers that differ while DDP broadcasts them mean
+something rewrites them between DDP's broadcast and the module's forward.
+
+## Example
+```python
+model = DDP(net_with_batchnorm, broadcast_buffers=False)
+```
+
+## Use instead
+```python
+net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)   # statistics over the global batch
+model = DDP(net)                                           # or keep broadcast_buffers=True
+```
+"""
+
+
+def analyze(evidence: Evidence) -> CheckResult:
+    wraps = {(r, e["ddp"]): e for r, e in evidence.events("ddp_wrap")}
+    if evidence.world_size < 2 or not any(e.get("buffers") for e in wraps.values()):
+        return CheckResult(summary="no DDP module with buffers", applicable=False)
+    by_forward: dict[tuple[int, int], dict[int, list]] = {}
+    for rank, event in evidence.events("buffers"):
+        by_forward.setdefault((event["ddp"], event["forward"]), {})[rank] = event["fp"]
+    compared = 0
+    for (ddp_index, forward), per_rank in sorted(by_forward.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if len(per_rank) < 2:
+            continue
+        compared += 1
+        length = min(len(v) for v in per_rank.values())
+        for i in range(length):
+            groups = group_by_value({r: v[i] for r, v in per_rank.items()})
+            if len(groups) == 1:
+                continue
+            ref = groups[0][0]
+            wrap = wraps.get((ref, ddp_index), {})
+            name = wrap.get("buffers", [f"buffer{i}"])[i] if i < len(wrap.get("buffers", [])) else f"buffer{i}"
+            ranks = sorted(r for g in groups for r in g)
+            diff = max(relative_difference(per_rank[ref][i], per_rank[r][i]) for g in groups[1:] for r in g)
+            broadcast = wrap.get("broadcast_buffers", True)
+            if not broadcast:
+                severity = "warning"
+                message = (f"buffer `{name}` differs across ranks from training forward {forward} on: "
+                           "DDP was built with broadcast_buffers=False, so each rank keeps statistics of its own shard")
+                fix = ("Convert BatchNorm layers with torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) before "
+                       "wrapping, or keep DDP's default broadcast_buffers=True.")
+            else:
+                severity = "error"
+                message = (f"buffer `{name}` differs across ranks at training forward {forward} although DDP "
+                           "broadcasts buffers: something rewrites it on some ranks between DDP's broadcast and the forward")
+                fix = "Update buffers identically on every rank, or only inside the module's forward."
+            finding = Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks),
+                              location=Location.from_site(wrap.get("site")),
+                              evidence={"buffer": name, "forward": forward, "broadcast_buffers": broadcast,
+                                        "rank_groups": groups, "relative_difference": diff,
+                                        "fingerprints": {str(r): v[i] for r, v in sorted(per_rank.items())}})
+            return CheckResult(findings=[finding], summary=f"`{name}` diverges ({fmt_ranks(ranks)})")
+    if compared == 0:
+        return CheckResult(summary="no training forward seen on two ranks", applicable=False)
+    return CheckResult(summary=f"buffers identical across ranks at {compared} compared forwards")
+
+
+CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS)

@@ -1,0 +1,213 @@
+"""rank0-checkpoint: one writer per checkpoint file, no read before the write is done."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ddpdoctor.check_api import Check, CheckResult, Finding, Location
+from ddpdoctor.evidence import Evidence
+
+from ._common import fmt_ranks
+from .collective_hang import first_mismatch
+
+ID = "rank0-checkpoint"
+
+DOCS = """\
+## What it does
+Records every `torch.save` and `torch.load` (paths, pathlib paths and file objects): rank, resolved
+path, size, call site, `map_location`, and the rank's collective sequence number before and after.
+`torch.distributed.checkpoint` saves and loads are recorded as collective by design, never flagged.
+It reports:
+
+- **error**: the same path written by more than one rank (a race: torn or interleaved files);
+- **warning**: every rank writes its own copy of identical state (N times the I/O for one file);
+- **error**: a rank reads a path another rank writes in the same run with no collective between the
+  end of the write and the read, or before the file exists;
+- **warning**: `torch.load` without `map_location` while ranks use different GPUs (every rank loads
+  onto the GPU the tensors were saved from, usually cuda:0);
+- **info**: a state dict saved from the DDP wrapper (keys start with `module.`);
+- **error**: a collective inside a block only one rank runs around a save (the job hangs there).
+
+## Why it matters
+Checkpoints are the only thing a long run leaves behind. Two ranks writing one file, or a rank
+reading a half-written file, corrupt weeks of training silently. With `--nnodes 2` code that saves
+on `LOCAL_RANK == 0` shows its second writer, as it would on a shared filesystem.
+
+## Example
+```python
+torch.save(model.state_dict(), "ckpt.pt")          # every rank writes the same file
+state = torch.load("ckpt.pt")                       # maybe before rank 0 finished writing
+```
+
+## Use instead
+```python
+if dist.get_rank() == 0:                            # the global rank, not LOCAL_RANK
+    torch.save(model.module.state_dict(), "ckpt.pt")
+dist.barrier()                                      # the write happens-before every read
+state = torch.load("ckpt.pt", map_location=device)
+```
+"""
+
+
+def _loc(event: dict):
+    return Location.from_site(event.get("site"))
+
+
+def _writers(saves: list[tuple[int, dict]]) -> dict[str, dict[int, list[dict]]]:
+    by_path: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for rank, event in saves:
+        if event.get("path"):
+            by_path[event["path"]][rank].append(event)
+    return by_path
+
+
+def _multi_writer(by_path) -> list[Finding]:
+    findings = []
+    for path, per_rank in sorted(by_path.items()):
+        if len(per_rank) > 1:
+            ranks = sorted(per_rank)
+            first = per_rank[ranks[0]][0]
+            findings.append(Finding(
+                check=ID, severity="error", ranks=tuple(ranks), location=_loc(first),
+                message=f"{fmt_ranks(ranks)} all wrote {path}: concurrent writers can leave a torn or mixed file",
+                fix=("Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
+                     "node), then dist.barrier() before anyone reads it."),
+                evidence={"path": path, "writes": {str(r): len(v) for r, v in sorted(per_rank.items())},
+                          "bytes": first.get("bytes")},
+            ))
+    return findings
+
+
+def _identical_copies(saves: list[tuple[int, dict]], world_size: int, multi_paths: set[str]) -> list[Finding]:
+    nth: dict[int, dict[int, dict]] = defaultdict(dict)
+    counts: dict[int, int] = defaultdict(int)
+    for rank, event in saves:
+        if event.get("path") in multi_paths:
+            continue
+        nth[counts[rank]][rank] = event
+        counts[rank] += 1
+    for index, per_rank in sorted(nth.items()):
+        prints = {e.get("fingerprint") for e in per_rank.values()}
+        paths = {e.get("path") for e in per_rank.values()}
+        if len(per_rank) >= 2 and len(per_rank) == world_size and len(prints) == 1 and None not in prints \
+                and len(paths) == len(per_rank):
+            first = per_rank[min(per_rank)]
+            return [Finding(
+                check=ID, severity="warning", ranks=tuple(sorted(per_rank)), location=_loc(first),
+                message=(f"every rank saved its own copy of identical state ({len(per_rank)} files, e.g. "
+                         f"{first.get('path')}): {len(per_rank)}x the I/O for one checkpoint"),
+                fix="Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier().",
+                evidence={"paths": {str(r): e.get("path") for r, e in sorted(per_rank.items())},
+                          "fingerprint": first.get("fingerprint")},
+            )]
+    return []
+
+
+def _unordered_reads(by_path, loads: list[tuple[int, dict]]) -> list[Finding]:
+    findings = []
+    for reader, load in loads:
+        writes = by_path.get(load.get("path") or "", {})
+        for writer, events in sorted(writes.items()):
+            if writer == reader:
+                continue
+            write = events[0]
+            # Safe only if the reader finished a collective the writer entered after its write ended.
+            ordered = load.get("seq_start", 0) >= write.get("seq_end", 0) + 1
+            missing = load.get("existed") is False or "FileNotFound" in (load.get("error") or "")
+            if ordered and not missing:
+                continue
+            what = "before the file existed" if missing else "with no collective between the end of that write and the read"
+            findings.append(Finding(
+                check=ID, severity="error", ranks=(writer, reader), location=_loc(load),
+                message=f"rank {reader} read {load['path']} that rank {writer} writes, {what}",
+                fix="Put a collective between the write and the reads: rank 0 saves, then `dist.barrier()` on every "
+                    "rank, then load.",
+                evidence={"path": load["path"], "writer": writer, "reader": reader,
+                          "writer_collectives_after_write": write.get("seq_end"),
+                          "reader_collectives_before_read": load.get("seq_start"),
+                          "write_site": write.get("site"), "read_site": load.get("site")},
+            ))
+            return findings
+    return findings
+
+
+def _map_location(evidence: Evidence, loads: list[tuple[int, dict]]) -> list[Finding]:
+    devices = {r: str(e.get("device")) for r, e in evidence.events("ddp_wrap")}
+    cuda = {d for d in devices.values() if d.startswith("cuda")}
+    if len(cuda) < 2:
+        return []
+    bare = [(r, e) for r, e in loads if e.get("map_location") is None and not e.get("error")]
+    if not bare:
+        return []
+    ranks = sorted({r for r, _ in bare})
+    return [Finding(
+        check=ID, severity="warning", ranks=tuple(ranks), location=_loc(bare[0][1]),
+        message=(f"torch.load without map_location on {fmt_ranks(ranks)} while ranks use different GPUs "
+                 f"({', '.join(sorted(cuda))}): tensors land on the device they were saved from, usually cuda:0"),
+        fix="Pass map_location: `torch.load(path, map_location=f'cuda:{local_rank}')` (or 'cpu').",
+        evidence={"devices": {str(r): d for r, d in sorted(devices.items())}, "path": bare[0][1].get("path")},
+    )]
+
+
+def _module_prefix(saves: list[tuple[int, dict]]) -> list[Finding]:
+    prefixed = [(r, e) for r, e in saves if e.get("module_prefix")]
+    if not prefixed:
+        return []
+    rank, event = prefixed[0]
+    return [Finding(
+        check=ID, severity="info", ranks=(rank,), location=_loc(event),
+        message=(f"state dict saved from the DDP wrapper (keys start with 'module.') to {event.get('path')}: loading "
+                 "it into an unwrapped model needs the prefix stripped"),
+        fix="Save `model.module.state_dict()`, or strip the prefix with "
+            "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.').",
+        evidence={"path": event.get("path")},
+    )]
+
+
+def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
+    traces = {r: [e for e in ev.of("collective") if e.get("group") is None] for r, ev in evidence.ranks.items()}
+    mismatch = first_mismatch(traces, include_missing=True)
+    if mismatch is None:
+        return []
+    n, at = mismatch
+    for path, per_rank in by_path.items():
+        if len(per_rank) != 1:
+            continue
+        (rank, events), = per_rank.items()
+        if at.get(rank) is None:
+            continue
+        for save in events:
+            if save.get("seq_start") in (n - 1, n):
+                call = at[rank]
+                return [Finding(
+                    check=ID, severity="error", ranks=(rank,), location=_loc(save),
+                    message=(f"the save on rank {rank} is in a block only that rank runs, and the block calls "
+                             f"{call.get('op')} (collective #{n}) that the other ranks never match: the job hangs"),
+                    fix="Keep only the save under `if rank == 0:`; call barriers and other collectives on every rank, "
+                        "outside that block.",
+                    evidence={"path": path, "collective": call.get("op"), "sequence": n,
+                              "collective_site": call.get("site")},
+                )]
+    return []
+
+
+def analyze(evidence: Evidence) -> CheckResult:
+    saves = list(evidence.events("save"))
+    loads = list(evidence.events("load"))
+    dcp_calls = list(evidence.events("dcp"))
+    if not saves and not loads and not dcp_calls:
+        return CheckResult(summary="no checkpoint saved or loaded", applicable=False)
+    by_path = _writers(saves)
+    findings = _multi_writer(by_path)
+    multi_paths = {f.evidence["path"] for f in findings}
+    findings += _identical_copies(saves, evidence.world_size, multi_paths)
+    findings += _unordered_reads(by_path, loads)
+    findings += _map_location(evidence, loads)
+    findings += _collective_around_save(evidence, by_path)
+    findings += _module_prefix(saves)
+    summary = f"{len(saves)} save(s), {len(loads)} load(s)" + (f", {len(dcp_calls)} distributed-checkpoint call(s)" if dcp_calls else "")
+    bad = [f for f in findings if f.severity != "info"]
+    return CheckResult(findings=findings, summary=("problems: " if bad else "") + summary)
+
+
+CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS)

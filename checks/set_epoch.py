@@ -1,0 +1,78 @@
+"""set-epoch: a shuffling DistributedSampler gets a new epoch every pass, so the order changes."""
+
+from __future__ import annotations
+
+from ddpdoctor.check_api import Check, CheckResult, Finding, Location
+from ddpdoctor.evidence import Evidence
+
+from ._common import fmt_ranks
+
+ID = "set-epoch"
+
+DOCS = """\
+## What it does
+Watches every pass over a DataLoader whose sampler is a shuffling `DistributedSampler` and records
+the sampler's epoch at the start of the pass. Two or more passes with the same epoch mean
+`sampler.set_epoch(epoch)` was not called each epoch.
+
+## Why it matters
+`DistributedSampler` shuffles with `seed + epoch`. Without `set_epoch`, every epoch visits the
+samples in exactly the same order and every rank keeps exactly the same shard for the whole run:
+the shuffling you asked for never happens, which hurts convergence.
+
+## Example
+```python
+sampler = DistributedSampler(dataset, shuffle=True)
+loader = DataLoader(dataset, sampler=sampler, batch_size=64)
+for epoch in range(epochs):
+    for x, y in loader:          # same order every epoch
+        ...
+```
+
+## Use instead
+```python
+for epoch in range(epochs):
+    sampler.set_epoch(epoch)
+    for x, y in loader:
+        ...
+```
+"""
+
+
+def analyze(evidence: Evidence) -> CheckResult:
+    passes: dict[tuple[int, str], list[dict]] = {}  # (rank, loader|dataset size)
+    for rank, event in evidence.events("loader_pass"):
+        sampler = event.get("sampler") or {}
+        if sampler.get("distributed") and sampler.get("shuffle") and event.get("num_batches", 0) > 0:
+            passes.setdefault((rank, f"{event['loader']}|{event.get('dataset_len')}"), []).append(event)
+    multi = {k: v for k, v in passes.items() if len(v) >= 2}
+    if not multi:
+        return CheckResult(summary="no shuffling DistributedSampler iterated twice", applicable=False)
+    stale: dict[str, dict] = {}
+    for (rank, loader), events in sorted(multi.items()):
+        epochs = [e["sampler"].get("epoch") for e in events]
+        if len(set(epochs)) < len(epochs):
+            entry = stale.setdefault(loader, {"ranks": [], "epochs": epochs, "site": events[0].get("site"),
+                                              "orders": [e.get("order") for e in events]})
+            entry["ranks"].append(rank)
+    if not stale:
+        return CheckResult(summary=f"{len(multi)} shuffling sampler(s) got a new epoch every pass")
+    findings = []
+    for loader, info in stale.items():
+        epochs = info["epochs"]
+        repeated = sorted({e for e in epochs if epochs.count(e) > 1}, key=lambda x: (x is None, x))
+        same_order = len(set(o for o in info["orders"] if o)) < len([o for o in info["orders"] if o])
+        findings.append(Finding(
+            check=ID, severity="warning",
+            message=(f"DistributedSampler with shuffle=True was iterated {len(epochs)} times with sampler epoch "
+                     f"{', '.join(map(str, repeated))} repeated: set_epoch() is not called each epoch, so every "
+                     "epoch sees the same order and every rank the same shard"),
+            fix="Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the DataLoader.",
+            ranks=tuple(info["ranks"]), location=Location.from_site(info["site"]),
+            evidence={"loader": loader, "sampler_epochs": epochs, "identical_order": same_order},
+        ))
+    ranks = sorted({r for i in stale.values() for r in i["ranks"]})
+    return CheckResult(findings=findings, summary=f"set_epoch missing ({fmt_ranks(ranks)})")
+
+
+CHECK = Check(id=ID, title="set_epoch every epoch", analyze=analyze, docs=DOCS)
