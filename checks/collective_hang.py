@@ -129,7 +129,8 @@ def _hang_finding(evidence: Evidence, traces: dict[int, list[dict]]) -> Finding:
     for r in waiting:
         s = states[str(r)]
         where = s.get("where")
-        waits.append(f"rank {r} waits in {s.get('activity') or 'a collective'}"
+        activity = (s.get("activity") or "a collective").removeprefix("in ")
+        waits.append(f"rank {r} waits in {activity}"
                      + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
     message = (f"the job hung: {'; '.join(waits) or 'no rank made progress'}"
                + (f"; {fmt_ranks(exited)} had already exited" if exited else "")

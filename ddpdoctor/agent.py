@@ -28,6 +28,7 @@ def main() -> None:
     out_path, sep, *torchrun_args = sys.argv[1:]
     assert sep == "--", "usage: python -m ddpdoctor.agent OUT.json -- TORCHRUN_ARGS"
     _die_with_parent()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -48,6 +49,8 @@ def main() -> None:
         with open(out_path, "w") as fh:
             json.dump({"failures": failures, "t": time.time()}, fh)
         sys.exit(1)
+    except SignalException as exc:  # the supervisor stopped the job; torchrun has stopped the workers
+        sys.exit(128 + int(exc.sigval))
 
 
 if __name__ == "__main__":
