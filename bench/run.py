@@ -1,0 +1,137 @@
+"""ddpdoctor benchmarks; prints tables, asserts nothing. Run: python bench/run.py [--quick]
+
+1. wall time of the reference job: plain torchrun vs `ddpdoctor check`;
+2. per-step cost of the probes on a DDP MLP (median step, plain vs probed);
+3. hang-to-report latency of the hang fixtures with --hang-timeout 5;
+4. analysis time on synthetic evidence of 1024 ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+PY = sys.executable
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "NO_COLOR": "1"}
+
+
+def timed(cmd: list[str], cwd: str) -> tuple[float, str]:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True)
+    return time.monotonic() - start, proc.stdout + proc.stderr
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    print(f"\n{title}")
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+
+
+def bench_reference(repeats: int, cwd: str) -> None:
+    script = str(FIXTURES / "reference.py")
+    plain = [timed([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", script], cwd)[0] for _ in range(repeats)]
+    doctor = [timed([PY, "-m", "ddpdoctor", "check", "--plain", "-q"], cwd)[0] for _ in range(repeats)]
+    p, d = statistics.median(plain), statistics.median(doctor)
+    table("reference job, 2 gloo ranks (median of %d runs)" % repeats, ["launch", "wall s", "ratio"],
+          [["torchrun --nproc-per-node 2", f"{p:.1f}", "1.00"], ["ddpdoctor check", f"{d:.1f}", f"{d / p:.2f}"]])
+
+
+def _step_ms(output: str) -> float:
+    match = re.search(r"STEP_TIME_MS ([\d.]+) PARAMS (\d+)", output)
+    if not match:
+        raise RuntimeError(output[-2000:])
+    return float(match.group(1))
+
+
+def bench_steps(cwd: str, steps: int) -> None:
+    script = str(ROOT / "bench" / "step_time.py")
+    rows = []
+    for width, depth in ((256, 4), (1024, 8)):
+        args = ["--", "--steps", str(steps), "--width", str(width), "--depth", str(depth)]
+        plain = _step_ms(timed([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", script, *args[1:]], cwd)[1])
+        probed = _step_ms(timed([PY, "-m", "ddpdoctor", "check", script, "--plain", *args], cwd)[1])
+        every10 = _step_ms(timed([PY, "-m", "ddpdoctor", "check", script, "--plain", "--fingerprint-every", "10", *args], cwd)[1])
+        params = (width * width + width) * depth + width * 10 + 10
+        rows.append([f"MLP {depth}x{width} ({params / 1e6:.1f}M params)", f"{plain:.2f}", f"{probed:.2f}",
+                     f"{100 * (probed / plain - 1):+.1f}%", f"{every10:.2f}", f"{100 * (every10 / plain - 1):+.1f}%"])
+    table("median training step, 2 gloo ranks", ["model", "plain ms", "probed ms", "cost", "every 10 ms", "cost"], rows)
+
+
+def bench_hangs(cwd: str) -> None:
+    rows = []
+    for fixture in ("hang_barrier_rank0.py", "hang_collective_some_ranks.py", "early_stop_rank0.py", "uneven_manual_shard.py"):
+        if not (FIXTURES / fixture).exists():
+            continue
+        evidence = tempfile.mkdtemp(prefix="bench-ev-")
+        wall, output = timed([PY, "-m", "ddpdoctor", "check", str(FIXTURES / fixture), "--plain", "-q",
+                              "--hang-timeout", "5", "--keep-evidence", evidence], cwd)
+        finished = time.time()
+        last_progress = 0.0
+        for path in glob.glob(os.path.join(evidence, "events-*.jsonl")):
+            with open(path) as f:
+                times = [json.loads(line)["t"] for line in f if line.strip()]
+            last_progress = max(last_progress, max(times, default=0.0))
+        outcome = "hung" if "outcome hung" in output else "other"
+        rows.append([fixture, outcome, f"{wall:.1f}", f"{finished - last_progress:.1f}"])
+    table("hang fixtures with --hang-timeout 5", ["fixture", "outcome", "total wall s", "last event -> report s"], rows)
+
+
+def bench_analysis() -> None:
+    from ddpdoctor.analysis import run_checks
+    from ddpdoctor.evidence import Evidence, RankEvidence
+    from ddpdoctor.indices import encode_indices
+
+    world, steps, params, samples = 1024, 20, 50, 1_000_000
+    ranks = {}
+    for r in range(world):
+        events = [{"kind": "init_pg", "rank": r, "t": 0.0, "backend": "gloo", "world_size": world},
+                  {"kind": "ddp_wrap", "rank": r, "ddp": 0, "t": 0.0, "params": [f"p{i}" for i in range(params)],
+                   "buffers": [], "find_unused_parameters": False, "broadcast_buffers": True, "device": "cpu"},
+                  {"kind": "optimizer", "opt": 0, "rank": r, "names": [f"p{i}" for i in range(params)],
+                   "in_ddp": [True] * params, "t": 0.0}]
+        for n in range(1, steps + 1):
+            fp = [[float(i + n), float(i)] for i in range(params)]
+            events.append({"kind": "step", "opt": 0, "n": n, "rank": r, "t": float(n), "grads": fp, "params": fp,
+                           "ddp": {"0": {"synced": 1, "unsynced": 0, "inner": 1, "unused": []}}})
+        shard = list(range(r, samples, world))
+        events.append({"kind": "loader_pass", "loader": "train.py:10", "number": 0, "rank": r, "t": 1.0,
+                       "complete": True, "num_batches": len(shard) // 32, "num_samples": len(shard),
+                       "indices": encode_indices(shard), "steps": steps, "dataset_len": samples,
+                       "sampler": {"type": "DistributedSampler", "distributed": True, "shuffle": True, "epoch": 0,
+                                   "num_replicas": world, "total_size": samples, "num_samples": len(shard)}})
+        ranks[r] = RankEvidence(rank=r, events=events)
+    evidence = Evidence(ranks=ranks, world_size=world)
+    start = time.monotonic()
+    outcomes = run_checks(evidence)
+    elapsed = time.monotonic() - start
+    table(f"analysis of synthetic evidence: {world} ranks, {steps} steps x {params} params, {samples:,} samples",
+          ["checks", "statuses", "seconds"], [[len(outcomes), ",".join(o.status for o in outcomes), f"{elapsed:.2f}"]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="one repeat, fewer steps")
+    args = parser.parse_args()
+    cwd = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
+    bench_analysis()
+    bench_reference(1 if args.quick else 3, cwd)
+    bench_steps(cwd, 60 if args.quick else 200)
+    bench_hangs(cwd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Benchmark workload: a DDP training loop that times its own steps (rank 0 prints the result).
+
+Run plain under torchrun and under `ddpdoctor check` to measure the probes' per-step cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--depth", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(args.depth):
+        layers += [nn.Linear(args.width, args.width), nn.ReLU()]
+    model = DistributedDataParallel(nn.Sequential(*layers, nn.Linear(args.width, 10)))
+    data = TensorDataset(torch.randn(args.steps * 32 * dist.get_world_size(), args.width),
+                         torch.randint(0, 10, (args.steps * 32 * dist.get_world_size(),)))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=32, sampler=sampler)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    times = []
+    for x, y in loader:
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    steady = sorted(times[10:])
+    median = steady[len(steady) // 2]
+    if dist.get_rank() == 0:
+        params = sum(p.numel() for p in model.parameters())
+        print(f"STEP_TIME_MS {median * 1000:.3f} PARAMS {params} TENSORS {len(list(model.parameters()))}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Integration harness: runs ddpdoctor on fixtures under real torchrun (2 gloo ranks on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+OUR_MODULES = ("ddpdoctor.bootstrap", "ddpdoctor.agent", "ddpdoctor check", "-m ddpdoctor")
+
+
+@dataclass
+class CheckRun:
+    returncode: int
+    output: str
+    report: Optional[dict]
+    wall_s: float
+
+    def findings(self, check: Optional[str] = None, severity: Optional[str] = None) -> list[dict]:
+        found = self.report["findings"] if self.report else []
+        return [f for f in found if (check is None or f["check"] == check)
+                and (severity is None or f["severity"] == severity)]
+
+    def severities(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for f in self.findings():
+            out.setdefault(f["check"], set()).add(f["severity"])
+        return out
+
+    def serious(self) -> list[dict]:
+        return [f for f in self.findings() if f["severity"] in ("error", "warning")]
+
+
+def our_processes() -> list[str]:
+    """Command lines of live ddpdoctor processes (agents, ranks, supervisors) other than pytest."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(m in cmdline for m in OUR_MODULES) and "pytest" not in cmdline:
+            found.append(f"{entry}: {cmdline}")
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Every integration test must leave no rank, agent or supervisor behind."""
+    yield
+    deadline = time.monotonic() + 5
+    while our_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftovers = our_processes()
+    for line in leftovers:
+        os.kill(int(line.split(":")[0]), signal.SIGKILL)
+    assert not leftovers, f"processes left behind: {leftovers}"
+
+
+def ddpdoctor_command(script: Optional[Path], json_path: Path, *options: str, script_args=()) -> list[str]:
+    cmd = [sys.executable, "-m", "ddpdoctor", "check"]
+    if script is not None:
+        cmd.append(str(script))
+    cmd += ["--json", str(json_path), "--plain", *options]
+    if script_args:
+        cmd += ["--", *script_args]
+    return cmd
+
+
+@pytest.fixture
+def run_check(tmp_path):
+    def run(name: Optional[str], *options: str, script_args=(), timeout: float = 240) -> CheckRun:
+        script = None if name is None else (FIXTURES / name if not os.path.isabs(name) else Path(name))
+        json_path = tmp_path / "report.json"
+        env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
+        started = time.monotonic()
+        proc = subprocess.run(ddpdoctor_command(script, json_path, *options, script_args=script_args),
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+        report = json.loads(json_path.read_text()) if json_path.exists() else None
+        return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started)
+
+    return run
