@@ -11,8 +11,8 @@ ID = "set-epoch"
 
 DOCS = """\
 ## What it does
-Watches every pass over a DataLoader whose sampler is a shuffling `DistributedSampler` and records
-the sampler's epoch at the start of the pass. Two or more passes with the same epoch mean
+Watches every training pass (one with optimizer steps) over a DataLoader whose sampler is a
+shuffling `DistributedSampler` and records the sampler's epoch at the start of the pass. Two or more passes with the same epoch mean
 `sampler.set_epoch(epoch)` was not called each epoch.
 
 ## Why it matters
@@ -43,7 +43,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     passes: dict[tuple[int, str], list[dict]] = {}  # (rank, loader|dataset size)
     for rank, event in evidence.events("loader_pass"):
         sampler = event.get("sampler") or {}
-        if sampler.get("distributed") and sampler.get("shuffle") and event.get("num_batches", 0) > 0:
+        # Training passes only: evaluating on the training loader within an epoch reuses its epoch legitimately.
+        if sampler.get("distributed") and sampler.get("shuffle") and event.get("steps", 0) > 0:
             passes.setdefault((rank, f"{event['loader']}|{event.get('dataset_len')}"), []).append(event)
     multi = {k: v for k, v in passes.items() if len(v) >= 2}
     if not multi:
