@@ -76,6 +76,20 @@ def first_mismatch(traces: dict[int, list[dict]], *, include_missing: bool) -> O
     return None
 
 
+def _waiting_in(activity: str, stack: list[dict]) -> str:
+    """What a stalled rank waits in, from its traced activity or, for DDP's own collectives, its stack."""
+    if activity.startswith("in "):
+        return activity[3:]
+    files = [f.get("file", "") for f in stack]
+    if any("torch/autograd" in f for f in files):
+        return "the backward pass (DDP's gradient all-reduce)"
+    if any(f.endswith("torch/nn/parallel/distributed.py") for f in files):
+        return "DDP's forward (buffer broadcast)"
+    if any("torch/distributed" in f for f in files):
+        return "a torch.distributed call"
+    return activity or "an unknown place"
+
+
 def _rank_states(evidence: Evidence, traces: dict[int, list[dict]]) -> dict[str, dict]:
     hang = evidence.hang or {}
     states: dict[str, dict] = {}
@@ -85,9 +99,11 @@ def _rank_states(evidence: Evidence, traces: dict[int, list[dict]]) -> dict[str,
         user = [f for f in stack if f.get("user")]
         last = traces.get(rank, [])[-1:] or [None]
         state = "exited" if rank in hang.get("exited", []) else "waiting" if stack and not stack[-1].get("user") else "running"
+        waiting_in = _waiting_in(beat.get("activity") or "", stack)
         states[key] = {
             "state": state,
             "activity": beat.get("activity"),
+            "waiting_in": waiting_in,
             "stalled_s": hang.get("stall_s", {}).get(key),
             "steps": beat.get("steps"),
             "last_collective": None if last[0] is None else {"n": last[0].get("n"), "op": last[0].get("op"),
@@ -129,8 +145,7 @@ def _hang_finding(evidence: Evidence, traces: dict[int, list[dict]]) -> Finding:
     for r in waiting:
         s = states[str(r)]
         where = s.get("where")
-        activity = (s.get("activity") or "a collective").removeprefix("in ")
-        waits.append(f"rank {r} waits in {activity}"
+        waits.append(f"rank {r} waits in {s['waiting_in']}"
                      + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
     message = (f"the job hung: {'; '.join(waits) or 'no rank made progress'}"
                + (f"; {fmt_ranks(exited)} had already exited" if exited else "")

@@ -40,13 +40,14 @@ for epoch in range(epochs):
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    passes: dict[tuple[int, str], list[dict]] = {}  # (rank, loader|dataset size)
+    passes: dict[tuple[int, str], dict[int, dict]] = {}  # (rank, loader|dataset size) -> pass number -> event
     for rank, event in evidence.events("loader_pass"):
         sampler = event.get("sampler") or {}
         # Training passes only: evaluating on the training loader within an epoch reuses its epoch legitimately.
         if sampler.get("distributed") and sampler.get("shuffle") and event.get("steps", 0) > 0:
-            passes.setdefault((rank, f"{event['loader']}|{event.get('dataset_len')}"), []).append(event)
-    multi = {k: v for k, v in passes.items() if len(v) >= 2}
+            # Keyed by pass number: a pass recorded mid-way (hang snapshot) and at its end counts once.
+            passes.setdefault((rank, f"{event['loader']}|{event.get('dataset_len')}"), {})[event["number"]] = event
+    multi = {k: [v[n] for n in sorted(v)] for k, v in passes.items() if len(v) >= 2}
     if not multi:
         return CheckResult(summary="no shuffling DistributedSampler iterated twice", applicable=False)
     stale: dict[str, dict] = {}

@@ -34,6 +34,7 @@ class Recorder:
         self.epoch: Optional[int] = None
         self.activity = "starting"
         self.activity_site: Optional[dict] = None
+        self.on_dump: list = []  # callables run by the watchdog when the supervisor asks for a dump
         self._lock = threading.Lock()
         os.makedirs(evidence_dir, exist_ok=True)
         self._file = open(os.path.join(evidence_dir, f"events-{self.pid}.jsonl"), "a", buffering=1)

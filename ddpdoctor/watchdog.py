@@ -62,6 +62,11 @@ class Watchdog(threading.Thread):
             return
         if token and token != self._last_request:
             self._last_request = token
+            for callback in self.rec.on_dump:
+                try:
+                    callback()
+                except Exception as exc:  # evidence is best effort; the stack matters most
+                    self.rec.emit("probe_error", probe="dump", error=repr(exc))
             payload = {"token": token, "t": time.time(), **self.rec.heartbeat(), "stack": main_thread_stack()}
             write_json_atomic(os.path.join(self.rec.evidence_dir, f"stack-{self.rec.pid}.json"), payload)
 

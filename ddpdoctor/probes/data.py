@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ddpdoctor import callsite
@@ -32,12 +32,15 @@ class _Pass:
         self.start_steps = rec.num_steps
         self.open = True
         self.sampler_info = _sampler_info(loader)
+        self.dataset = loader.dataset
+        base = _base_dataset(loader.dataset)
         self.loader_info = {
             "batch_size": loader.batch_size,
             "drop_last": loader.drop_last,
             "num_workers": loader.num_workers,
-            "dataset_len": _safe_len(loader.dataset),
-            "dataset_type": type(loader.dataset).__name__,
+            "dataset_len": _safe_len(base),
+            "dataset_type": type(base).__name__,
+            "subset": base is not loader.dataset,
         }
 
     def finish(self, *, complete: bool) -> None:
@@ -45,33 +48,58 @@ class _Pass:
             return
         self.open = False
         self.registry.remove(self)
+        self._emit(complete=complete, snapshot=False)
+        self.batches = []
+
+    def snapshot(self) -> None:
+        """Record the pass so far without ending it: a hang or kill must not lose it."""
+        if self.open:
+            self._emit(complete=False, snapshot=True)
+
+    def _emit(self, *, complete: bool, snapshot: bool) -> None:
         # Workers prefetch: only the batches the loop actually received count as consumed.
         consumed = self.batches[: self.num_yielded]
-        flat: list[int] = []
-        opaque = False
+        flat: Optional[list[int]] = []
         for batch in consumed:
             if isinstance(batch, int):
                 flat.append(batch)
             elif isinstance(batch, (list, tuple)) and all(isinstance(i, int) for i in batch):
                 flat.extend(batch)
             else:
-                opaque = True
+                flat = None  # samplers yielding keys other than integer positions
                 break
+        if flat is not None:
+            flat = _to_base_indices(self.dataset, flat)
         self.rec.emit(
             "loader_pass",
             loader=self.key,
             number=self.number,
             complete=complete,
+            snapshot=snapshot,
             num_batches=len(consumed),
-            num_samples=len(flat),
-            indices=None if opaque else encode_indices(flat),
-            order=None if opaque else order_hash(flat),
+            num_samples=len(flat) if flat is not None else None,
+            indices=None if flat is None else encode_indices(flat),
+            order=None if flat is None else order_hash(flat),
             steps=self.rec.num_steps - self.start_steps,
             sampler=self.sampler_info,
             site=self.site,
             **self.loader_info,
         )
-        self.batches = []
+
+
+def _base_dataset(dataset: Any) -> Any:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset
+
+
+def _to_base_indices(dataset: Any, indices: list[int]) -> list[int]:
+    """Positions in a (nested) Subset mapped to the underlying dataset, so hand-made shards compare."""
+    while isinstance(dataset, Subset):
+        mapping = dataset.indices
+        indices = [int(mapping[i]) for i in indices]
+        dataset = dataset.dataset
+    return indices
 
 
 def _safe_len(obj: Any) -> Optional[int]:
@@ -182,4 +210,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         for p in list(open_passes):
             p.finish(complete=False)
 
+    def snapshot_open_passes() -> None:
+        for p in list(open_passes):
+            p.snapshot()
+
+    rec.on_dump.append(snapshot_open_passes)
     return finish_open_passes
