@@ -90,6 +90,12 @@ def _waiting_in(activity: str, stack: list[dict]) -> str:
     return activity or "an unknown place"
 
 
+def _culprit(present: dict[int, dict]) -> int:
+    """The rank whose call to point at: one made inside a rank-dependent branch (`if rank == 0:`),
+    else the one that was made first."""
+    return min(present, key=lambda r: (not present[r].get("rank_branch"), present[r].get("t", 0)))
+
+
 def _rank_states(evidence: Evidence, traces: dict[int, list[dict]]) -> dict[str, dict]:
     hang = evidence.hang or {}
     states: dict[str, dict] = {}
@@ -128,8 +134,7 @@ def _hang_finding(evidence: Evidence, traces: dict[int, list[dict]]) -> Finding:
         n, at = mismatch
         present = {r: e for r, e in at.items() if e is not None}
         absent = sorted(r for r, e in at.items() if e is None)
-        # Point at the collective that not every rank reached (or the first of the differing ones).
-        first_rank = min(present, key=lambda r: present[r].get("t", 0))
+        first_rank = _culprit(present)
         location = Location.from_site(present[first_rank].get("site"))
         parts = [f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())]
         if absent:
@@ -173,7 +178,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary=f"{total} collectives matched across ranks")
     n, at = mismatch
     present = {r: e for r, e in at.items() if e is not None}
-    first_rank = min(present)
+    first_rank = _culprit(present)
     finding = Finding(
         check=ID, severity="error", ranks=tuple(sorted(present)),
         location=Location.from_site(present[first_rank].get("site")),

@@ -49,6 +49,27 @@ def _last_step(evidence: Evidence, rank: int) -> Optional[int]:
     return max((e.get("step", 0) for e in ev.events), default=None) if ev else None
 
 
+def _unfinished(evidence: Evidence) -> Optional[Finding]:
+    """The job did not end by itself: --timeout expired or ddpdoctor was interrupted."""
+    snapshot = evidence.hang or {}
+    where = {r: {"steps": b.get("steps"), "doing": b.get("activity")} for r, b in snapshot.get("heartbeats", {}).items()}
+    steps = ", ".join(f"rank {r} at step {w['steps']}" for r, w in sorted(where.items(), key=lambda kv: int(kv[0])))
+    if evidence.outcome == "timeout":
+        return Finding(
+            check=ID, severity="error", ranks=tuple(sorted(evidence.ranks)), location=None,
+            message=f"the job did not finish within --timeout {evidence.timeout_s:g}s and was stopped ({steps or 'no rank reported'})",
+            fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
+            evidence={"ranks": where, "timeout_s": evidence.timeout_s})
+    if evidence.interrupted:
+        return Finding(
+            check=ID, severity="warning", ranks=tuple(sorted(evidence.ranks)), location=None,
+            message=f"ddpdoctor was interrupted ({snapshot.get('signal', 'signal')}) before the job finished; "
+                    f"the report covers the evidence gathered until then ({steps or 'no rank reported'})",
+            fix="Let the job run to the end for a complete diagnosis.",
+            evidence={"ranks": where, "signal": snapshot.get("signal")})
+    return None
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     candidates: list[dict] = []
     for rank, event in evidence.events("exception"):
@@ -74,6 +95,9 @@ def analyze(evidence: Evidence) -> CheckResult:
             candidates.append({"rank": rank, "t": t, "kind": "signal" if failure.get("signal") else "exitcode",
                                "event": failure, "secondary": False})
     if not candidates:
+        unfinished = _unfinished(evidence)
+        if unfinished is not None:
+            return CheckResult(findings=[unfinished], summary=unfinished.message.split(":")[0])
         return CheckResult(summary="no rank failed")
     primary = sorted([c for c in candidates if not c["secondary"]] or candidates, key=lambda c: c["t"])[0]
     secondary = [c for c in candidates if c is not primary]

@@ -156,6 +156,7 @@ class Supervisor:
                     interrupted = True
                     self.display.notice(f"received {signal.Signals(self._signal).name}: stopping every rank")
                     hang = self._snapshot(beats, live, now, reason="interrupted")
+                    hang["signal"] = signal.Signals(self._signal).name
                     break
                 if self.config.timeout_s is not None and now - started > self.config.timeout_s:
                     outcome = "timeout"

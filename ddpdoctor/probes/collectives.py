@@ -6,6 +6,8 @@ call the same user-level collectives get the same sequence numbers. No extra com
 
 from __future__ import annotations
 
+import ast
+import functools
 import threading
 
 import torch
@@ -41,6 +43,26 @@ def _describe_tensors(args, kwargs) -> list:
     return found[:8]
 
 
+@functools.lru_cache(maxsize=256)
+def _rank_branches(filename: str) -> tuple[tuple[int, int], ...]:
+    """Line ranges of `if` blocks whose condition mentions a rank (e.g. `if rank == 0:`)."""
+    try:
+        with open(filename, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    ranges = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "rank" in ast.unparse(node.test).lower():
+            ranges.append((node.body[0].lineno, node.end_lineno or node.body[-1].lineno))
+    return tuple(ranges)
+
+
+def in_rank_branch(site: list[dict]) -> bool:
+    """Whether any user frame of the call sits inside a rank-dependent branch."""
+    return any(lo <= frame["line"] <= hi for frame in site for lo, hi in _rank_branches(frame["file"]))
+
+
 def _group_ranks(kwargs, args, op: str):
     group = kwargs.get("group")
     if group is None or group is dist.GroupMember.WORLD:
@@ -61,7 +83,7 @@ def install(rec: Recorder) -> None:
                 rec.collective_seq += 1
                 site = callsite.caller_site(3)
                 rec.emit("collective", op=op, n=rec.collective_seq, tensors=_describe_tensors(args, kwargs),
-                         group=_group_ranks(kwargs, args, op), site=site)
+                         group=_group_ranks(kwargs, args, op), site=site, rank_branch=in_rank_branch(site))
                 rec.set_activity(f"in {op} #{rec.collective_seq}", site[0] if site else None)
                 _depth.value = 1
                 try:

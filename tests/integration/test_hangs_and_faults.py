@@ -1,0 +1,139 @@
+"""Hangs, uneven inputs and crashes: reported with the right ranks and lines, nothing left behind.
+
+Each run uses --hang-timeout 5. Latencies are measured in bench/, never asserted here.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+from conftest import FIXTURES, ddpdoctor_command
+
+pytestmark = pytest.mark.integration
+
+
+def line_of(fixture: str, text: str) -> int:
+    for number, line in enumerate((FIXTURES / fixture).read_text().splitlines(), start=1):
+        if text in line:
+            return number
+    raise AssertionError(f"{text!r} not in {fixture}")
+
+
+# fixture -> (line the report must point at, ranks that wait, extra check ids at error)
+HANGS = {
+    "hang_barrier_rank0.py": ("dist.barrier()  # BUG", {0, 1}, set()),
+    "hang_collective_some_ranks.py": ("dist.all_reduce(total)", {0, 1}, set()),
+    "early_stop_rank0.py": ("dist.barrier()", {0, 1}, {"uneven-inputs"}),
+    "uneven_manual_shard.py": ("dist.barrier()", {0, 1}, {"uneven-inputs"}),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(HANGS))
+def test_hang_is_reported_with_ranks_and_line(run_check, fixture):
+    marker, waiting, also = HANGS[fixture]
+    run = run_check(fixture, "--hang-timeout", "5")
+    assert run.returncode == 1, run.output[-3000:]
+    assert run.report["outcome"] == "hung"
+    (hang,) = run.findings("collective-hang", "error")
+    assert hang["location"]["file"].endswith(fixture)
+    assert hang["location"]["line"] == line_of(fixture, marker)
+    states = hang["evidence"]["ranks"]
+    assert {int(r) for r, s in states.items() if s["state"] == "waiting"} == waiting
+    assert all(s["stack"] for s in states.values()), "every waiting rank's Python stack was collected"
+    for check_id in also:
+        assert run.findings(check_id, "error"), (check_id, run.severities())
+
+
+def test_hang_stack_shows_the_blocked_user_frame(run_check):
+    """The watchdog reads the main thread's stack while it is blocked inside gloo's C++ barrier."""
+    run = run_check("hang_barrier_rank0.py", "--hang-timeout", "5")
+    (hang,) = run.findings("collective-hang")
+    rank0 = hang["evidence"]["ranks"]["0"]
+    assert rank0["where"]["function"] == "validate"
+    assert rank0["where"]["line"] == line_of("hang_barrier_rank0.py", "dist.barrier()  # BUG")
+    assert any("distributed_c10d.py" in frame for frame in rank0["stack"])
+
+
+def test_uneven_inputs_names_the_batch_counts(run_check):
+    run = run_check("uneven_manual_shard.py", "--hang-timeout", "5")
+    (finding,) = run.findings("uneven-inputs", "error")
+    assert finding["evidence"]["batches"] == {"0": 11, "1": 10}
+    assert finding["evidence"]["outcome"] == "hung"
+
+
+def test_mismatched_shapes_are_reported_at_their_line(run_check):
+    run = run_check("mismatch_shapes.py", "--hang-timeout", "5")
+    assert run.returncode == 1
+    (finding,) = run.findings("collective-hang", "error")
+    assert finding["location"]["line"] == line_of("mismatch_shapes.py", "dist.all_reduce(stats)")
+    calls = finding["evidence"]["calls"] if "calls" in finding["evidence"] else None
+    assert calls is None or {c["tensors"][0][0][0] for c in calls.values()} == {4, 5}
+
+
+def test_join_makes_uneven_inputs_clean(run_check):
+    run = run_check("good_uneven_join.py", "--hang-timeout", "5")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.serious() == []
+    assert run.findings("uneven-inputs", "info")
+
+
+# fault -> (rank, fragment of the message)
+FAULTS = {
+    "bad_raise_on_rank1.py": (1, "ValueError: bad batch"),
+    "sysexit_rank.py": (1, "sys.exit(3)"),
+    "kill_rank.py": (1, "SIGKILL"),
+}
+
+
+@pytest.mark.parametrize("fixture", sorted(FAULTS))
+def test_fault_matrix_crashes(run_check, fixture):
+    rank, fragment = FAULTS[fixture]
+    run = run_check(fixture, "--hang-timeout", "5")
+    assert run.returncode == 1
+    assert run.report["outcome"] == "failed"
+    (finding,) = run.findings("rank-failure", "error")
+    assert finding["ranks"] == [rank]
+    assert fragment in finding["message"]
+    assert finding["evidence"]["last_step"] == 3
+    assert not run.findings("collective-hang"), "a crash is not reported as a hang"
+
+
+def test_fault_matrix_timeout_stops_the_job_and_reports(run_check):
+    run = run_check("hang_barrier_rank0.py", "--timeout", "12")
+    assert run.returncode == 1
+    assert run.report["outcome"] == "timeout"
+    (finding,) = run.findings("rank-failure", "error")
+    assert "--timeout 12s" in finding["message"]
+
+
+def _wait_for_heartbeats(timeout_s: float) -> bool:
+    """True once some ddpdoctor evidence directory holds a rank heartbeat."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if glob.glob(os.path.join(tempfile.gettempdir(), "ddpdoctor-*", "hb-*.json")):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_fault_matrix_sigint_writes_a_partial_report(tmp_path):
+    json_path = tmp_path / "report.json"
+    proc = subprocess.Popen(ddpdoctor_command(FIXTURES / "hang_barrier_rank0.py", json_path),
+                            cwd=tmp_path, env={**os.environ, "NO_COLOR": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert _wait_for_heartbeats(timeout_s=60), "the ranks never started"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, output[-3000:]
+    report = json.loads(json_path.read_text())
+    assert report["outcome"] == "failed"
+    (finding,) = [f for f in report["findings"] if f["check"] == "rank-failure"]
+    assert "interrupted (SIGINT)" in finding["message"]

@@ -1,0 +1,178 @@
+"""collective-hang: mismatched collectives without a hang, and hang explanations."""
+
+from __future__ import annotations
+
+from builders import SCRIPT, collective, frame, hang_snapshot, init_pg, make_evidence, merge, on_all
+
+from ddpdoctor.check_api import Location
+from ddpdoctor.checks.collective_hang import analyze
+
+
+def traced(world_size, traces, **supervisor):
+    return make_evidence(world_size, merge(on_all(world_size, init_pg(world_size)), traces), **supervisor)
+
+
+# -- mismatch without a hang ------------------------------------------------------------------------
+
+def test_different_shapes_at_the_same_sequence_number_are_an_error():
+    result = analyze(traced(2, {
+        0: [collective("all_reduce", 1, (10,), line=61), collective("all_reduce", 2, (3,), line=62)],
+        1: [collective("all_reduce", 1, (10,), line=61), collective("all_reduce", 2, (4,), line=62)],
+    }))
+    (finding,) = result.findings
+    assert finding.check == "collective-hang"
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.location == Location(SCRIPT, 62)
+    assert finding.message == ("collective #2 differs across ranks: rank 0 called all_reduce of float32[3] at "
+                               "train.py:62, rank 1 called all_reduce of float32[4] at train.py:62")
+    assert finding.evidence["sequence"] == 2
+    assert finding.evidence["calls"]["1"]["tensors"] == [[[4], "float32"]]
+    assert result.status == "fail"
+    assert result.summary == "collective #2 mismatched"
+
+
+def test_different_ops_at_the_same_sequence_number_are_an_error():
+    (finding,) = analyze(traced(2, {
+        0: [collective("broadcast", 1, line=70)],
+        1: [collective("all_reduce", 1, line=71)],
+    })).findings
+    assert "rank 0 called broadcast" in finding.message
+    assert "rank 1 called all_reduce" in finding.message
+    assert finding.location == Location(SCRIPT, 70)
+
+
+def test_different_dtypes_are_an_error():
+    (finding,) = analyze(traced(2, {
+        0: [collective("all_reduce", 1, (4,), "float32")],
+        1: [collective("all_reduce", 1, (4,), "float64")],
+    })).findings
+    assert finding.evidence["sequence"] == 1
+
+
+def test_matching_traces_are_clean():
+    trace = [collective("all_reduce", 1), collective("barrier", 2, shape=None), collective("broadcast", 3)]
+    result = analyze(traced(2, {0: trace, 1: trace}))
+    assert result.findings == []
+    assert result.status == "pass"
+    assert result.summary == "6 collectives matched across ranks"
+
+
+def test_a_rank_that_called_fewer_collectives_is_not_a_mismatch_without_a_hang():
+    result = analyze(traced(2, {
+        0: [collective("all_reduce", 1), collective("all_reduce", 2)],
+        1: [collective("all_reduce", 1)],
+    }))
+    assert result.findings == []
+
+
+def test_subgroup_and_point_to_point_collectives_are_not_compared():
+    result = analyze(traced(2, {
+        0: [collective("all_reduce", 1, (4,), group=[0]), collective("send", 2, (9,)),
+            collective("all_reduce", 3, (8,))],
+        1: [collective("all_reduce", 1, (7,), group=[1]), collective("recv", 2, (9,)),
+            collective("all_reduce", 3, (8,))],
+    }))
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+# -- hangs -----------------------------------------------------------------------------------------
+
+def hung_in_barrier(**kwargs):
+    """Rank 0 waits in a barrier rank 1 never calls; rank 1 computes in user code."""
+    hang = hang_snapshot(
+        {0: {"activity": "in barrier #3", "steps": 5}, 1: {"activity": "training", "steps": 5}},
+        {0: [frame(40, user=True), frame(3000, user=False, function="barrier")],
+         1: [frame(50, user=True, function="train_step")]}, **kwargs)
+    return traced(2, {
+        0: [collective("all_reduce", 1), collective("all_reduce", 2), collective("barrier", 3, shape=None, line=40)],
+        1: [collective("all_reduce", 1), collective("all_reduce", 2)],
+    }, outcome="hung", hang=hang)
+
+
+def test_hang_names_the_waiting_rank_and_the_collective_the_other_never_called():
+    result = analyze(hung_in_barrier())
+    (finding,) = result.findings
+    assert finding.check == "collective-hang"
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.location == Location(SCRIPT, 40)
+    assert finding.message == ("the job hung: rank 0 waits in barrier #3 at train.py:40 (main); first divergence at "
+                               "collective #3: rank 0 called barrier at train.py:40, rank 1 never called collective #3")
+    assert finding.evidence["first_divergence"] == 3
+    assert finding.evidence["threshold_s"] == 30.0
+    states = finding.evidence["ranks"]
+    assert states["0"]["state"] == "waiting"
+    assert states["0"]["last_collective"]["op"] == "barrier"
+    assert states["1"]["state"] == "running"
+    assert result.status == "fail"
+    assert result.summary == "job hung (ranks 0, 1)"
+
+
+def test_hang_names_exited_and_never_started_ranks():
+    hang = hang_snapshot(
+        {0: {"activity": "in all_reduce #2"}, 1: {"activity": "exited"}},
+        {0: [frame(40, user=True), frame(3000, user=False)]}, exited=[1], missing=[2])
+    evidence = traced(3, {
+        0: [collective("all_reduce", 1), collective("all_reduce", 2, line=44)],
+        1: [collective("all_reduce", 1)],
+        2: [],
+    }, outcome="hung", hang=hang)
+    (finding,) = analyze(evidence).findings
+    assert finding.ranks == (0, 1, 2)
+    assert "rank 1 had already exited" in finding.message
+    assert finding.evidence["ranks"]["1"]["state"] == "exited"
+    assert finding.evidence["ranks"]["2"] == {"state": "never started"}
+    assert finding.evidence["first_divergence"] == 1  # rank 2 never called anything
+
+
+def test_hang_with_matching_traces_points_at_the_waiting_rank():
+    hang = hang_snapshot(
+        {0: {"activity": "in all_reduce #1"}, 1: {"activity": "in all_reduce #1"}},
+        {0: [frame(77, user=True), frame(1, user=False)], 1: [frame(77, user=True), frame(1, user=False)]})
+    trace = [collective("all_reduce", 1)]
+    (finding,) = analyze(traced(2, {0: trace, 1: trace}, outcome="hung", hang=hang)).findings
+    assert finding.location == Location(SCRIPT, 77)
+    assert finding.evidence["first_divergence"] is None
+    assert finding.message == ("the job hung: rank 0 waits in all_reduce #1 at train.py:77 (main); "
+                               "rank 1 waits in all_reduce #1 at train.py:77 (main)")
+
+
+def test_timeout_is_not_reported_as_a_hang():
+    hang = hang_snapshot({0: {}, 1: {}}, {}, reason="timeout")
+    trace = [collective("all_reduce", 1)]
+    result = analyze(traced(2, {0: trace, 1: trace}, outcome="timeout", hang=hang))
+    assert result.findings == []
+
+
+# -- not applicable --------------------------------------------------------------------------------
+
+def test_no_process_group_is_skipped():
+    result = analyze(make_evidence(2, []))
+    assert result.status == "skip"
+    assert result.summary == "no process group"
+
+
+def test_single_process_is_skipped():
+    assert analyze(traced(1, {0: [collective("all_reduce", 1)]})).status == "skip"
+
+
+def test_location_prefers_the_call_made_inside_a_rank_dependent_branch():
+    rank0 = collective("all_reduce", 1, line=61, t=1.0)
+    rank1 = collective("barrier", 1, shape=None, line=99, t=2.0)
+    rank1["rank_branch"] = True
+    (finding,) = analyze(traced(2, {0: [rank0], 1: [rank1]})).findings
+    assert finding.location == Location(SCRIPT, 99)
+
+
+def test_hang_in_ddp_backward_is_named_from_the_stack():
+    hang = hang_snapshot(
+        {0: {"activity": "training"}, 1: {"activity": "exited"}},
+        {0: [frame(33, user=True), frame(1, user=False, file="/venv/torch/autograd/graph.py", function="backward")]},
+        exited=[1])
+    trace = [collective("all_reduce", 1)]
+    (finding,) = analyze(traced(2, {0: trace, 1: trace}, outcome="hung", hang=hang)).findings
+    assert finding.message.startswith("the job hung: rank 0 waits in the backward pass (DDP's gradient all-reduce) "
+                                      "at train.py:33 (main)")
+    assert finding.location == Location(SCRIPT, 33)

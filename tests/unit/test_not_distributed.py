@@ -1,0 +1,82 @@
+"""not-distributed: no process group, or a process group without DDP."""
+
+from __future__ import annotations
+
+from builders import SCRIPT, ddp_wrap, event, fp, init_pg, make_evidence, merge, on_all, optimizer, step
+
+from ddpdoctor.check_api import Location
+from ddpdoctor.checks.not_distributed import analyze
+
+
+def test_no_process_group_is_an_error_naming_the_independent_copies():
+    evidence = make_evidence(2, [event("process_start"), step(1, fp(1.0))])
+    result = analyze(evidence)
+    (finding,) = result.findings
+    assert finding.check == "not-distributed"
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.location is None
+    assert finding.message == ("the script never called torch.distributed.init_process_group: 2 independent copies "
+                               "of the script ran, nothing was distributed")
+    assert finding.evidence == {"processes": 2}
+    assert "init_process_group" in finding.fix
+    assert result.status == "fail"
+
+
+def test_a_lone_unranked_process_without_process_group_is_an_error():
+    evidence = make_evidence(0, {}, unranked=[event("process_start")])
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "error"
+    assert finding.ranks == ()
+    assert "the script ran alone" in finding.message
+    assert finding.evidence == {"processes": 1}
+
+
+def test_process_group_without_ddp_or_training_is_a_warning():
+    result = analyze(make_evidence(2, [init_pg(2, line=7)]))
+    (finding,) = result.findings
+    assert finding.severity == "warning"
+    assert finding.ranks == (0, 1)
+    assert finding.location == Location(SCRIPT, 7)
+    assert "no model was wrapped in DistributedDataParallel and no optimizer stepped" in finding.message
+    assert finding.evidence == {"optimizer_steps": 0}
+    assert result.status == "warn"
+
+
+def test_process_group_without_ddp_and_diverging_gradients_is_a_warning():
+    evidence = make_evidence(2, merge(on_all(2, init_pg(2), optimizer(["w"], in_ddp=[False])),
+                                      {0: [step(1, fp(1.0))], 1: [step(1, fp(2.0))]}))
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "warning"
+    assert finding.message == ("a process group was initialized but the model was never wrapped in "
+                               "DistributedDataParallel")
+    assert finding.evidence == {"optimizer_steps": 2}
+
+
+def test_gradients_averaged_by_hand_without_ddp_is_info():
+    steps = [step(1, fp(1.0)), step(2, fp(0.5))]
+    evidence = make_evidence(2, [init_pg(2), optimizer(["w"], in_ddp=[False]), *steps])
+    result = analyze(evidence)
+    (finding,) = result.findings
+    assert finding.severity == "info"
+    assert "gradients matched across ranks in 2 steps" in finding.message
+    assert finding.evidence == {"steps_compared": 2}
+    assert result.status == "pass"
+
+
+def test_process_group_and_ddp_is_clean():
+    result = analyze(make_evidence(2, [init_pg(2), ddp_wrap(), step(1, fp(1.0, 2.0))]))
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+def test_single_process_with_process_group_and_ddp_is_clean():
+    result = analyze(make_evidence(1, [init_pg(1), ddp_wrap()]))
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+def test_no_evidence_at_all_is_skipped():
+    result = analyze(make_evidence(2, {}))
+    assert result.status == "skip"
+    assert result.summary == "no rank produced evidence"

@@ -1,0 +1,199 @@
+"""rank-failure: the root cause among the ranks' exceptions, exits and signals."""
+
+from __future__ import annotations
+
+from builders import SCRIPT, event, exception, failure, make_evidence, merge, step, sys_exit
+
+from ddpdoctor.check_api import Location
+from ddpdoctor.checks.rank_failure import analyze
+
+
+def trained(world_size, steps=3):
+    """Every rank completed ``steps`` optimizer steps (event t = step number)."""
+    return {r: [step(n) for n in range(1, steps + 1)] for r in range(world_size)}
+
+
+def only_finding(result):
+    assert len(result.findings) == 1, result.findings
+    return result.findings[0]
+
+
+def test_root_cause_is_the_non_secondary_exception_not_the_peer_connection_error():
+    evidence = make_evidence(2, merge(trained(2), {
+        1: [exception("ValueError", "bad batch", t=10.0, step=3, line=42)],
+        0: [exception("RuntimeError", "[gloo] Connection closed by peer [10.0.0.2]:1234", t=11.0, step=3, line=77)],
+    }), outcome="failed", failures=[failure(0, 1, t=12.0), failure(1, 1, t=11.0)])
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.check == "rank-failure"
+    assert finding.severity == "error"
+    assert finding.ranks == (1,)
+    assert finding.location == Location(SCRIPT, 42)
+    assert finding.message == "rank 1 raised ValueError: bad batch after optimizer step 3"
+    assert finding.evidence["kind"] == "exception"
+    assert finding.evidence["exception"] == "ValueError"
+    assert finding.evidence["last_step"] == 3
+    assert finding.evidence["secondary"] == [
+        {"rank": 0, "kind": "exception", "summary": "RuntimeError: [gloo] Connection closed by peer [10.0.0.2]:1234"}]
+    assert result.status == "fail"
+    assert result.summary == "rank 1 failed first; rank 0 failed after it"
+
+
+def test_secondary_error_recorded_earlier_is_still_not_the_root_cause():
+    evidence = make_evidence(2, {
+        0: [exception("RuntimeError", "Connection closed by peer", t=5.0)],
+        1: [exception("ValueError", "bad batch", t=10.0)],
+    }, outcome="failed")
+    assert only_finding(analyze(evidence)).ranks == (1,)
+
+
+def test_root_cause_is_the_earliest_of_several_non_secondary_failures():
+    evidence = make_evidence(3, {
+        0: [exception("KeyError", "'label'", t=12.0)],
+        1: [exception("ValueError", "bad batch", t=10.0)],
+        2: [exception("DistBackendError", "NCCL communicator was aborted", t=9.0)],
+    }, outcome="failed")
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.ranks == (1,)
+    assert sorted(s["rank"] for s in finding.evidence["secondary"]) == [0, 2]
+    assert result.summary == "rank 1 failed first; ranks 0, 2 failed after it"
+
+
+def test_when_every_error_is_secondary_the_earliest_is_reported():
+    evidence = make_evidence(2, {
+        0: [exception("RuntimeError", "Socket Timeout", t=20.0)],
+        1: [exception("RuntimeError", "operation timed out", t=15.0)],
+    }, outcome="failed")
+    assert only_finding(analyze(evidence)).ranks == (1,)
+
+
+def test_keyboard_interrupt_is_not_the_root_cause():
+    evidence = make_evidence(2, {
+        0: [exception("KeyboardInterrupt", "", t=1.0)],
+        1: [exception("ValueError", "bad batch", t=2.0)],
+    }, outcome="failed")
+    assert only_finding(analyze(evidence)).ranks == (1,)
+
+
+def test_sigkill_without_exception_events_names_the_signal_and_last_step():
+    evidence = make_evidence(2, trained(2, steps=4), outcome="failed",
+                             failures=[failure(1, exitcode=-9, signal="SIGKILL")])
+    finding = only_finding(analyze(evidence))
+    assert finding.ranks == (1,)
+    assert finding.message == "rank 1 was killed by SIGKILL after optimizer step 4"
+    assert finding.location is None
+    assert finding.evidence["kind"] == "signal"
+    assert finding.evidence["signal"] == "SIGKILL"
+    assert finding.evidence["exitcode"] == -9
+    assert "OOM" in finding.fix
+
+
+def test_sigterm_failures_are_ignored():
+    evidence = make_evidence(2, trained(2), outcome="failed",
+                             failures=[failure(0, exitcode=-15, signal="SIGTERM"),
+                                       failure(1, exitcode=-9, signal="SIGKILL")])
+    finding = only_finding(analyze(evidence))
+    assert finding.ranks == (1,)
+    assert finding.evidence["secondary"] == []
+
+
+def test_only_sigterm_failures_mean_no_rank_failed():
+    evidence = make_evidence(2, trained(2), outcome="failed",
+                             failures=[failure(0, exitcode=-15, signal="SIGTERM"),
+                                       failure(1, exitcode=-15, signal="SIGTERM")])
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.status == "pass"
+    assert result.summary == "no rank failed"
+
+
+def test_non_zero_exit_code_without_signal_or_exception():
+    evidence = make_evidence(2, trained(2), outcome="failed", failures=[failure(1, exitcode=2)])
+    finding = only_finding(analyze(evidence))
+    assert finding.message == "rank 1 exited with code 2 after optimizer step 3"
+    assert finding.evidence["kind"] == "exitcode"
+    assert finding.evidence["exitcode"] == 2
+
+
+def test_failure_rows_without_exit_code_or_signal_are_ignored():
+    evidence = make_evidence(2, trained(2), failures=[failure(1, exitcode=0)])
+    assert analyze(evidence).findings == []
+
+
+def test_sys_exit_is_reported_with_its_code_and_location():
+    evidence = make_evidence(2, {1: [sys_exit(3, t=4.0, line=50)], 0: []}, outcome="failed",
+                             failures=[failure(1, exitcode=3)])
+    finding = only_finding(analyze(evidence))
+    assert finding.message == "rank 1 called sys.exit(3) after optimizer step 0"
+    assert finding.location == Location(SCRIPT, 50)
+    assert finding.evidence["kind"] == "exit"
+    assert finding.evidence["secondary"] == []  # the exit code row is explained by the sys_exit event
+
+
+def test_exception_explains_its_own_exit_code_row():
+    evidence = make_evidence(2, {1: [exception(t=3.0)], 0: []}, outcome="failed",
+                             failures=[failure(1, exitcode=1)])
+    finding = only_finding(analyze(evidence))
+    assert finding.evidence["kind"] == "exception"
+    assert finding.evidence["secondary"] == []
+
+
+def test_exception_in_the_launcher_process_has_no_rank():
+    evidence = make_evidence(2, {}, outcome="failed",
+                             unranked=[{**exception("FileNotFoundError", "no such file: data.csv", t=1.0)}])
+    finding = only_finding(analyze(evidence))
+    assert finding.ranks == ()
+    assert finding.message == "the launcher process raised FileNotFoundError: no such file: data.csv"
+
+
+# -- ddpdoctor stopped the job ---------------------------------------------------------------------
+
+def test_nothing_reported_when_ddpdoctor_stopped_a_hung_job():
+    evidence = make_evidence(2, trained(2), outcome="hung",
+                             failures=[failure(0, exitcode=-9, signal="SIGKILL"), failure(1, exitcode=1)])
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+def test_kills_are_not_blamed_on_a_rank_when_ddpdoctor_stopped_the_job_at_timeout_or_interrupt():
+    for supervisor in ({"outcome": "timeout", "timeout_s": 5.0}, {"outcome": "failed", "interrupted": True}):
+        evidence = make_evidence(2, trained(2), failures=[failure(1, exitcode=-9, signal="SIGKILL")], **supervisor)
+        for finding in analyze(evidence).findings:
+            assert finding.evidence.get("kind") not in ("signal", "exitcode"), (supervisor, finding)
+            assert "killed by" not in finding.message, (supervisor, finding)
+
+
+def test_exceptions_are_still_reported_when_ddpdoctor_stopped_a_hung_job():
+    evidence = make_evidence(2, merge(trained(2), {1: [exception("ValueError", "bad batch", t=10.0, step=3)]}),
+                             outcome="hung", failures=[failure(0, exitcode=-9, signal="SIGKILL")])
+    finding = only_finding(analyze(evidence))
+    assert finding.ranks == (1,)
+    assert finding.evidence["secondary"] == []
+
+
+def test_clean_run_has_no_failure():
+    result = analyze(make_evidence(2, merge(trained(2), {0: [event("exit", code=0)], 1: [event("exit", code=0)]})))
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+def test_timeout_without_failure_is_reported_as_an_unfinished_job():
+    hang = {"reason": "timeout", "heartbeats": {"0": {"steps": 3, "activity": "training"},
+                                                "1": {"steps": 2, "activity": "in all_reduce #7"}}}
+    evidence = make_evidence(2, trained(2), outcome="timeout", timeout_s=5.0, hang=hang,
+                             failures=[failure(1, exitcode=-9, signal="SIGKILL")])
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert "--timeout 5s" in finding.message
+
+
+def test_interrupted_job_without_failure_is_a_warning():
+    evidence = make_evidence(2, trained(2), outcome="failed", interrupted=True,
+                             hang={"reason": "interrupted", "signal": "SIGINT", "heartbeats": {}})
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "warning"
+    assert finding.ranks == (0, 1)
+    assert "SIGINT" in finding.message

@@ -1,0 +1,238 @@
+"""sampler-disjoint: overlapping shards, unseen samples, DistributedSampler padding, eval loaders."""
+
+from __future__ import annotations
+
+from builders import (SCRIPT, distributed_sampler, distributed_shard, loader_pass, make_evidence, plain_sampler)
+
+from ddpdoctor.check_api import Location
+from ddpdoctor.checks.sampler_disjoint import analyze
+
+
+def ds_passes(dataset_len, world_size, *, steps=None, number=0, num_replicas=None, **kwargs):
+    """Each rank's pass over an unshuffled DistributedSampler shard."""
+    return {r: [loader_pass(distributed_shard(dataset_len, world_size, r, num_replicas=num_replicas),
+                            sampler=distributed_sampler(world_size, r, dataset_len, num_replicas=num_replicas),
+                            dataset_len=dataset_len, steps=steps, number=number, **kwargs)]
+            for r in range(world_size)}
+
+
+def only_finding(result):
+    assert len(result.findings) == 1, result.findings
+    return result.findings[0]
+
+
+# -- overlap --------------------------------------------------------------------------------------
+
+def test_every_rank_drawing_every_sample_of_a_training_loader_is_an_error():
+    evidence = make_evidence(2, [loader_pass(list(range(10)), dataset_len=10, sampler=plain_sampler("RandomSampler"))])
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.check == "sampler-disjoint"
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.location == Location(SCRIPT, 12)
+    assert finding.message == ("10 of 10 samples of the training DataLoader were drawn by more than one rank in "
+                               "pass 0 (sampler RandomSampler)")
+    assert finding.evidence["num_shared"] == 10
+    assert finding.evidence["shared_examples"] == list(range(10))
+    assert finding.evidence["num_passes_affected"] == 1
+    assert "DistributedSampler(dataset)" in finding.fix
+    assert result.status == "fail"
+    assert result.summary == "overlapping or missing samples in 1 loader(s) (ranks 0, 1)"
+
+
+def test_rank_seeded_distributed_sampler_partial_overlap_is_an_error_with_the_seed_fix():
+    evidence = make_evidence(2, {
+        0: [loader_pass([0, 1, 2, 3, 4], dataset_len=10, sampler=distributed_sampler(2, 0, 10, seed=0))],
+        1: [loader_pass([3, 4, 5, 6, 7], dataset_len=10, sampler=distributed_sampler(2, 1, 10, seed=1))],
+    })
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "error"
+    assert finding.evidence["num_shared"] == 2
+    assert finding.evidence["shared_examples"] == [3, 4]
+    assert "2 of 10 samples" in finding.message
+    assert "seed" in finding.fix
+
+
+def test_overlap_is_reported_once_per_loader_with_the_first_pass_and_the_count_of_passes():
+    events = {r: [loader_pass(list(range(8)), dataset_len=8, number=n) for n in range(3)] for r in range(2)}
+    finding = only_finding(analyze(make_evidence(2, events)))
+    assert finding.evidence["pass"] == 0
+    assert finding.evidence["num_passes_affected"] == 3
+
+
+def test_overlap_between_two_of_four_ranks_names_all_compared_ranks():
+    evidence = make_evidence(4, {
+        0: [loader_pass([0, 1], dataset_len=8)],
+        1: [loader_pass([2, 3], dataset_len=8)],
+        2: [loader_pass([4, 5], dataset_len=8)],
+        3: [loader_pass([4, 7], dataset_len=8)],
+    })
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1, 2, 3)
+    assert finding.evidence["shared_examples"] == [4]
+
+
+# -- unseen samples --------------------------------------------------------------------------------
+
+def test_num_replicas_larger_than_world_size_leaves_samples_unseen():
+    evidence = make_evidence(2, ds_passes(100, 2, num_replicas=4))
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.severity == "error"  # half the data: more than a quarter unseen
+    assert finding.ranks == (0, 1)
+    assert finding.message == "50 of 100 samples of the training DataLoader were drawn by no rank in pass 0"
+    assert finding.evidence["num_unseen"] == 50
+    assert finding.evidence["expected_unseen"] == 0
+    assert finding.evidence["sampler_num_replicas"] == 4
+    assert finding.evidence["world_size"] == 2
+    assert "num_replicas" in finding.fix
+    assert result.status == "fail"
+
+
+def test_few_unseen_samples_are_a_warning():
+    evidence = make_evidence(2, {
+        0: [loader_pass(list(range(0, 45)), dataset_len=100, sampler=plain_sampler("SequentialSampler"))],
+        1: [loader_pass(list(range(45, 90)), dataset_len=100, sampler=plain_sampler("SequentialSampler"))],
+    })
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "warning"
+    assert finding.evidence["num_unseen"] == 10
+
+
+def test_unseen_samples_are_not_judged_on_an_incomplete_pass():
+    evidence = make_evidence(2, {
+        0: [loader_pass(list(range(0, 10)), dataset_len=100, complete=False)],
+        1: [loader_pass(list(range(50, 60)), dataset_len=100, complete=False)],
+    })
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+def test_samples_dropped_by_the_loaders_drop_last_are_allowed():
+    # 2 ranks, batch_size 4, drop_last: up to 2 * 3 samples may go unseen.
+    evidence = make_evidence(2, {
+        0: [loader_pass(list(range(0, 8)), dataset_len=22, batch_size=4, drop_last=True)],
+        1: [loader_pass(list(range(11, 19)), dataset_len=22, batch_size=4, drop_last=True)],
+    })
+    assert analyze(evidence).findings == []
+
+
+# -- padding ---------------------------------------------------------------------------------------
+
+def test_distributed_sampler_padding_on_a_training_loader_is_info_only():
+    events = ds_passes(5, 2)
+    assert distributed_shard(5, 2, 0) == [0, 2, 4] and distributed_shard(5, 2, 1) == [1, 3, 0]  # padded with 0
+    result = analyze(make_evidence(2, events))
+    finding = only_finding(result)
+    assert finding.severity == "info"
+    assert finding.ranks == (0, 1)
+    assert finding.evidence["num_padding_duplicates"] == 1
+    assert finding.evidence["padding_examples"] == [0]
+    assert "padded the training DataLoader with 1 repeated samples" in finding.message
+    assert result.status == "pass"
+    assert result.summary == "1 passes over 1 loader(s): shards disjoint"
+
+
+def test_distributed_sampler_padding_on_an_evaluation_loader_is_a_warning():
+    result = analyze(make_evidence(2, ds_passes(5, 2, steps=0)))
+    finding = only_finding(result)
+    assert finding.severity == "warning"
+    assert "padded the evaluation DataLoader with 1 repeated samples" in finding.message
+    assert "count them twice" in finding.message
+    assert result.status == "warn"
+
+
+def test_more_duplicates_than_the_padding_are_an_overlap():
+    sampler = distributed_sampler(2, 0, 5)
+    evidence = make_evidence(2, {
+        0: [loader_pass([0, 1, 2], dataset_len=5, sampler=sampler)],
+        1: [loader_pass([1, 2, 3], dataset_len=5, sampler=distributed_sampler(2, 1, 5))],
+    })
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "error"
+    assert finding.evidence["num_shared"] == 2
+
+
+# -- evaluation loaders -----------------------------------------------------------------------------
+
+def test_eval_loader_where_every_rank_iterates_the_full_set_is_info():
+    evidence = make_evidence(2, [loader_pass(list(range(10)), dataset_len=10, steps=0,
+                                             sampler=plain_sampler("SequentialSampler"))])
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.severity == "info"
+    assert finding.message.startswith("every rank iterated all 10 samples of the evaluation DataLoader (pass 0)")
+    assert result.status == "pass"
+
+
+def test_eval_loader_with_partial_overlap_is_a_warning():
+    evidence = make_evidence(2, {
+        0: [loader_pass([0, 1, 2, 3], dataset_len=6, steps=0)],
+        1: [loader_pass([2, 3, 4, 5], dataset_len=6, steps=0)],
+    })
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "warning"
+    assert "evaluation DataLoader" in finding.message
+
+
+def test_training_and_evaluation_loaders_are_judged_separately():
+    events = {r: [loader_pass(distributed_shard(8, 2, r), dataset_len=8, sampler=distributed_sampler(2, r, 8),
+                              loader=f"{SCRIPT}:12"),
+                  loader_pass(list(range(4)), dataset_len=4, steps=0, loader=f"{SCRIPT}:13", line=13)]
+              for r in range(2)}
+    result = analyze(make_evidence(2, events))
+    finding = only_finding(result)
+    assert finding.severity == "info"
+    assert finding.evidence["loader"] == f"{SCRIPT}:13"
+    assert finding.location == Location(SCRIPT, 13)
+
+
+# -- clean ----------------------------------------------------------------------------------------
+
+def test_disjoint_distributed_sampler_shards_are_clean():
+    result = analyze(make_evidence(4, ds_passes(16, 4)))
+    assert result.findings == []
+    assert result.status == "pass"
+    assert result.summary == "1 passes over 1 loader(s): shards disjoint"
+
+
+# -- not applicable --------------------------------------------------------------------------------
+
+def test_single_process_is_skipped():
+    result = analyze(make_evidence(1, [loader_pass(list(range(10)), dataset_len=10)]))
+    assert result.status == "skip"
+
+
+def test_no_loader_pass_is_skipped():
+    assert analyze(make_evidence(2, [])).status == "skip"
+
+
+def test_pass_seen_on_one_rank_only_is_skipped():
+    result = analyze(make_evidence(2, {0: [loader_pass(list(range(10)), dataset_len=10)], 1: []}))
+    assert result.status == "skip"
+    assert result.summary == "no DataLoader pass seen on two ranks"
+
+
+def test_passes_without_batches_are_skipped():
+    assert analyze(make_evidence(2, [loader_pass([], dataset_len=10)])).status == "skip"
+
+
+def test_passes_with_opaque_indices_are_not_compared():
+    event = loader_pass(list(range(10)), dataset_len=10)
+    event["indices"] = None
+    result = analyze(make_evidence(2, [event]))
+    assert result.findings == []
+
+
+def test_the_final_record_of_a_pass_supersedes_its_mid_pass_snapshot():
+    # Only the final, complete record of rank 0's pass can show that sample 3 was never drawn.
+    evidence = make_evidence(2, {
+        0: [loader_pass([0, 1], dataset_len=8, snapshot=True), loader_pass([0, 1, 2], dataset_len=8)],
+        1: [loader_pass([4, 5, 6, 7], dataset_len=8)],
+    })
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "warning"
+    assert finding.evidence["num_unseen"] == 1

@@ -1,0 +1,127 @@
+"""uneven-inputs: ranks running different numbers of training batches or steps."""
+
+from __future__ import annotations
+
+import pytest
+from builders import (SCRIPT, ddp_wrap, exception, failure, join, loader_pass, make_evidence, merge, on_all, step)
+
+from ddpdoctor.check_api import Location
+from ddpdoctor.checks.uneven_inputs import analyze
+
+
+def uneven(batches_by_rank, *, complete_by_rank=None, extra=None, steps=None, **supervisor):
+    world_size = len(batches_by_rank)
+    passes = {r: [loader_pass(list(range(b)), num_batches=b, steps=b if steps is None else steps,
+                              complete=(complete_by_rank or {}).get(r, True))]
+              for r, b in batches_by_rank.items()}
+    return make_evidence(world_size, merge(on_all(world_size, ddp_wrap()), passes, extra or {}), **supervisor)
+
+
+def test_different_batch_counts_in_a_training_pass_are_an_error():
+    result = analyze(uneven({0: 5, 1: 4}, complete_by_rank={0: False}, outcome="hung"))
+    (finding,) = result.findings
+    assert finding.check == "uneven-inputs"
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.location == Location(SCRIPT, 12)
+    assert finding.message == ("ranks ran different numbers of training batches in pass 0 over the DataLoader "
+                               "(rank 0: 5, rank 1: 4) then hung")
+    assert finding.evidence["batches"] == {"0": 5, "1": 4}
+    assert finding.evidence["outcome"] == "hung"
+    assert finding.evidence["num_uneven_passes"] == 1
+    assert "Join" in finding.fix
+    assert result.status == "fail"
+
+
+def test_uneven_job_that_finished_anyway_says_so():
+    (finding,) = analyze(uneven({0: 5, 1: 4, 2: 5})).findings
+    assert finding.message.endswith("(rank 0: 5, rank 1: 4, rank 2: 5) and the job finished anyway")
+    assert finding.ranks == (0, 1, 2)
+
+
+def test_uneven_step_totals_without_loader_passes_are_an_error():
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {0: [step(1), step(2), step(3)], 1: [step(1), step(2)]}))
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "error"
+    assert finding.message == ("ranks ran different numbers of training batches in the whole run "
+                               "(rank 0: 3, rank 1: 2) and the job finished anyway")
+    assert finding.location is None
+
+
+def test_join_used_for_uneven_inputs_gives_info_not_error():
+    result = analyze(uneven({0: 5, 1: 4}, extra=on_all(2, join("enter"), join("exit"))))
+    (finding,) = result.findings
+    assert finding.severity == "info"
+    assert finding.ranks == (0, 1)
+    assert "inside Join" in finding.message
+    assert result.status == "pass"
+    assert result.summary == "uneven inputs handled by Join"
+
+
+def test_join_on_only_some_ranks_does_not_excuse_uneven_inputs():
+    (finding,) = analyze(uneven({0: 5, 1: 4}, extra={0: [join("enter")]})).findings
+    assert finding.severity == "error"
+
+
+def test_equal_batch_counts_are_clean():
+    result = analyze(uneven({0: 5, 1: 5}))
+    assert result.findings == []
+    assert result.status == "pass"
+
+
+def test_uneven_evaluation_passes_are_not_training():
+    result = analyze(uneven({0: 5, 1: 4}, steps=0))
+    assert result.findings == []
+
+
+def test_a_crashed_rank_stopping_early_is_left_to_rank_failure():
+    result = analyze(uneven({0: 5, 1: 2}, complete_by_rank={1: False}, outcome="failed",
+                            extra={1: [exception(t=5.0)]}))
+    assert result.findings == []
+
+
+def test_a_rank_killed_by_a_signal_stopping_early_is_left_to_rank_failure():
+    result = analyze(uneven({0: 5, 1: 2}, complete_by_rank={1: False}, outcome="failed",
+                            failures=[failure(1, exitcode=-9, signal="SIGKILL")]))
+    assert result.findings == []
+
+
+@pytest.mark.xfail(reason="BUG: _failed_ranks ignores torchrun failures with a non-zero exit code and no signal, "
+                          "so a rank that died with exit code 1 (no exception/sys_exit event) is blamed on uneven "
+                          "inputs", strict=True)
+def test_a_rank_that_exited_non_zero_stopping_early_is_left_to_rank_failure():
+    result = analyze(uneven({0: 5, 1: 2}, complete_by_rank={1: False}, outcome="failed",
+                            failures=[failure(1, exitcode=1, signal=None)]))
+    assert result.findings == []
+
+
+def test_single_process_is_skipped():
+    assert analyze(uneven({0: 5})).status == "skip"
+
+
+def test_no_ddp_is_skipped():
+    evidence = make_evidence(2, {0: [loader_pass([0, 1])], 1: [loader_pass([2])]})
+    result = analyze(evidence)
+    assert result.status == "skip"
+    assert result.summary == "no DDP training on several ranks"
+
+
+def test_a_mid_pass_snapshot_is_superseded_by_the_final_record_of_the_same_pass():
+    # A stall judged to be computation: the watchdog recorded rank 0's open pass at 3 batches,
+    # then the pass went on to finish with 5 like rank 1's.
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
+        0: [loader_pass(list(range(3)), snapshot=True), loader_pass(list(range(5)))],
+        1: [loader_pass(list(range(5, 10)))],
+    }))
+    result = analyze(evidence)
+    assert result.findings == []
+
+
+def test_a_snapshot_of_a_rank_stopped_by_ddpdoctor_counts_its_batches():
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
+        0: [loader_pass(list(range(5)), snapshot=True)],
+        1: [loader_pass(list(range(5, 9)))],
+    }), outcome="hung")
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "error"
+    assert finding.evidence["batches"] == {"0": 5, "1": 4}
