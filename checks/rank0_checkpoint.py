@@ -104,31 +104,37 @@ def _identical_copies(saves: list[tuple[int, dict]], world_size: int, multi_path
 
 
 def _unordered_reads(by_path, loads: list[tuple[int, dict]]) -> list[Finding]:
-    findings = []
+    """A read of a file another rank writes, ordered neither after nor before that write.
+
+    Collective sequence numbers give happens-before: a write that ended when its rank had made
+    ``w_end`` collectives precedes a read made after the reader completed collective ``w_end + 1``;
+    symmetrically, a read precedes a write that starts after collective ``read + 1``.
+    """
     for reader, load in loads:
         writes = by_path.get(load.get("path") or "", {})
+        read_at = load.get("seq_start", 0)
         for writer, events in sorted(writes.items()):
             if writer == reader:
                 continue
-            write = events[0]
-            # Safe only if the reader finished a collective the writer entered after its write ended.
-            ordered = load.get("seq_start", 0) >= write.get("seq_end", 0) + 1
-            missing = load.get("existed") is False or "FileNotFound" in (load.get("error") or "")
-            if ordered and not missing:
-                continue
-            what = "before the file existed" if missing else "with no collective between the end of that write and the read"
-            findings.append(Finding(
-                check=ID, severity="error", ranks=(writer, reader), location=_loc(load),
-                message=f"rank {reader} read {load['path']} that rank {writer} writes, {what}",
-                fix="Put a collective between the write and the reads: rank 0 saves, then `dist.barrier()` on every "
-                    "rank, then load.",
-                evidence={"path": load["path"], "writer": writer, "reader": reader,
-                          "writer_collectives_after_write": write.get("seq_end"),
-                          "reader_collectives_before_read": load.get("seq_start"),
-                          "write_site": write.get("site"), "read_site": load.get("site")},
-            ))
-            return findings
-    return findings
+            for write in events:
+                read_after = read_at >= write.get("seq_end", 0) + 1
+                read_before = write.get("seq_start", 0) >= read_at + 1
+                missing = load.get("existed") is False or "FileNotFound" in (load.get("error") or "")
+                if read_before or (read_after and not missing):
+                    continue
+                what = ("before the file existed" if missing
+                        else "with no collective between the end of that write and the read")
+                return [Finding(
+                    check=ID, severity="error", ranks=(writer, reader), location=_loc(load),
+                    message=f"rank {reader} read {load['path']} that rank {writer} writes, {what}",
+                    fix="Put a collective between the write and the reads: rank 0 saves, then `dist.barrier()` on "
+                        "every rank, then load.",
+                    evidence={"path": load["path"], "writer": writer, "reader": reader,
+                              "writer_collectives_after_write": write.get("seq_end"),
+                              "reader_collectives_before_read": read_at,
+                              "write_site": write.get("site"), "read_site": load.get("site")},
+                )]
+    return []
 
 
 def _map_location(evidence: Evidence, loads: list[tuple[int, dict]]) -> list[Finding]:

@@ -57,7 +57,7 @@ def _unfinished(evidence: Evidence) -> Optional[Finding]:
     if evidence.outcome == "timeout":
         return Finding(
             check=ID, severity="error", ranks=tuple(sorted(evidence.ranks)), location=None,
-            message=f"the job did not finish within --timeout {evidence.timeout_s:g}s and was stopped ({steps or 'no rank reported'})",
+            message=f"the job did not finish within --timeout {evidence.timeout_s or 0:g}s and was stopped ({steps or 'no rank reported'})",
             fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
             evidence={"ranks": where, "timeout_s": evidence.timeout_s})
     if evidence.interrupted:

@@ -44,7 +44,9 @@ or give every rank the same number of batches: `DistributedSampler` (pads to equ
 def _failed_ranks(evidence: Evidence) -> set[int]:
     failed = {r for r, _ in evidence.events("exception")} | {r for r, _ in evidence.events("sys_exit")}
     if not evidence.stopped_by_ddpdoctor:
-        failed |= {f["rank"] for f in evidence.failures if f.get("signal") not in (None, "SIGTERM")}
+        # Any death but torchrun's SIGTERM to the survivors: a signal, or a non-zero exit code.
+        failed |= {f["rank"] for f in evidence.failures
+                   if f.get("signal") != "SIGTERM" and (f.get("signal") or f.get("exitcode"))}
     return failed
 
 

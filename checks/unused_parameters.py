@@ -99,8 +99,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         if not unused_count:
             findings.append(Finding(
                 check=ID, severity="warning", ranks=ranks, location=location,
-                message=(f"find_unused_parameters=True but every parameter got a gradient in all {num_windows} "
-                         "observed steps: DDP searches the autograd graph every iteration for nothing"),
+                message=(f"find_unused_parameters=True but every parameter got a gradient in every observed step "
+                         f"({num_windows} rank-steps): DDP searches the autograd graph every iteration for nothing"),
                 fix="Drop find_unused_parameters=True from the DistributedDataParallel call.",
                 evidence={"ddp": ddp_index, "steps_observed": dict((str(r), c) for r, c in sorted(windows.items()))},
             ))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 Fingerprint = Optional[list]
@@ -14,7 +15,10 @@ def differs(a: Fingerprint, b: Fingerprint, *, rtol: float = RTOL) -> bool:
     if a is None or b is None:
         return (a is None) != (b is None)
     for x, y in zip(a, b):
-        if abs(x - y) > rtol * max(abs(x), abs(y), 1e-12):
+        if not (math.isfinite(x) and math.isfinite(y)):
+            if not (x == y or (math.isnan(x) and math.isnan(y))):  # NaN or inf on one side only
+                return True
+        elif abs(x - y) > rtol * max(abs(x), abs(y), 1e-12):
             return True
     return False
 

@@ -118,8 +118,6 @@ def test_load_of_a_file_nobody_writes_in_this_run_is_clean():
     assert result.status == "pass"
 
 
-@pytest.mark.xfail(reason="BUG: _unordered_reads flags a read that happens before the write (resume pattern: all "
-                          "ranks load ckpt at start, rank 0 overwrites it after later collectives)", strict=True)
 def test_resume_load_before_rank0_overwrites_the_checkpoint_is_clean():
     steps = [collective("all_reduce", n) for n in range(1, 6)]
     evidence = make_evidence(2, {
@@ -130,8 +128,6 @@ def test_resume_load_before_rank0_overwrites_the_checkpoint_is_clean():
     assert result.findings == []
 
 
-@pytest.mark.xfail(reason="BUG: _unordered_reads only orders a read against the writer's first write of the path, "
-                          "so a read racing with a later write of the same path is missed", strict=True)
 def test_read_racing_with_a_later_write_of_the_same_path_is_an_error():
     evidence = make_evidence(2, {
         0: [save(CKPT, seq_start=0, seq_end=0), collective("barrier", 1, shape=None),

@@ -86,9 +86,6 @@ def test_a_rank_killed_by_a_signal_stopping_early_is_left_to_rank_failure():
     assert result.findings == []
 
 
-@pytest.mark.xfail(reason="BUG: _failed_ranks ignores torchrun failures with a non-zero exit code and no signal, "
-                          "so a rank that died with exit code 1 (no exception/sys_exit event) is blamed on uneven "
-                          "inputs", strict=True)
 def test_a_rank_that_exited_non_zero_stopping_early_is_left_to_rank_failure():
     result = analyze(uneven({0: 5, 1: 2}, complete_by_rank={1: False}, outcome="failed",
                             failures=[failure(1, exitcode=1, signal=None)]))

@@ -60,8 +60,8 @@ def test_needless_find_unused_parameters_is_a_warning():
     (finding,) = result.findings
     assert finding.severity == "warning"
     assert finding.ranks == (0, 1)
-    assert finding.message.startswith("find_unused_parameters=True but every parameter got a gradient in all 6 "
-                                      "observed steps")
+    assert finding.message.startswith("find_unused_parameters=True but every parameter got a gradient in every "
+                                      "observed step (6 rank-steps)")
     assert finding.evidence["steps_observed"] == {"0": 3, "1": 3}
     assert result.status == "warn"
 
