@@ -1,0 +1,96 @@
+"""The command line on bad input, the reference job, and the three launch modes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import FIXTURES
+
+pytestmark = pytest.mark.integration
+
+
+def ddpdoctor(*args: str, cwd, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ddpdoctor", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["check", "does_not_exist.py"], "script not found"),
+    (["check", "."], "is a directory"),
+    (["check", "syntax_error.py"], "syntax error"),
+    (["check", "--no-such-flag"], "No such option"),
+    (["check", "--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
+    (["check", "--fail-on", "sometimes"], "--fail-on"),
+    (["explain", "no-such-check"], "unknown check id"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
+    (tmp_path / "syntax_error.py").write_text("def broken(:\n")
+    proc = ddpdoctor(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddpdoctor: error:") and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_script_options_without_separator_get_a_hint(tmp_path):
+    proc = ddpdoctor("check", str(FIXTURES / "reference.py"), "--epochs", "1", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "after --" in proc.stderr
+
+
+def test_list_explain_and_version(tmp_path):
+    listed = ddpdoctor("list-checks", cwd=tmp_path)
+    ids = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert ids == ["gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
+                   "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed"]
+    explained = ddpdoctor("explain", "set-epoch", cwd=tmp_path)
+    assert explained.returncode == 0
+    for section in ("What it does", "Why it matters", "Example", "Use instead"):
+        assert section in explained.stdout
+    assert ddpdoctor("--version", cwd=tmp_path).stdout.startswith("ddpdoctor ")
+
+
+def test_reference_job_is_clean(run_check):
+    run = run_check(None, script_args=("--epochs", "1"))
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.report["schema"] == "ddpdoctor.report/1"
+    assert run.report["script"] is None and run.report["outcome"] == "completed"
+    assert all(c["status"] in ("pass", "skip") for c in run.report["checks"])
+    assert {c["id"]: c["status"] for c in run.report["checks"]}["gradient-sync"] == "pass"
+    assert "[rank0] epoch 0" in run.output, "the script's own output stays visible, prefixed by rank"
+
+
+def test_spawn_mode_probes_every_worker(run_check):
+    run = run_check("spawn_reference.py")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.report["launch_mode"] == "spawn"
+    assert run.report["world_size"] == 2
+    assert {c["id"]: c["status"] for c in run.report["checks"]}["gradient-sync"] == "pass"
+
+
+def test_spawn_mode_catches_a_bug_in_the_workers(run_check, tmp_path):
+    script = tmp_path / "spawn_bypass.py"
+    source = (FIXTURES / "spawn_reference.py").read_text()
+    assert "loss_fn(model(x), y)" in source
+    script.write_text(source.replace("loss_fn(model(x), y)", "loss_fn(model.module(x), y)"))
+    (tmp_path / "_synthetic.py").write_text((FIXTURES / "_synthetic.py").read_text())
+    run = run_check(str(script))
+    assert run.returncode == 1
+    (finding,) = run.findings("gradient-sync", "error")
+    assert finding["evidence"]["case"] == "ddp-bypassed"
+
+
+def test_inside_an_existing_torchrun_launch(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
+         str(FIXTURES / "bad_set_epoch.py"), "--json", str(report), "--plain"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    data = json.loads(report.read_text())
+    assert data["launch_mode"] == "existing-launch"
+    assert data["world_size"] == 2
+    assert [f["check"] for f in data["findings"] if f["severity"] == "warning"] == ["set-epoch"]
+    assert proc.returncode != 0  # rank 0 exits 1 for the finding; torchrun reports it
