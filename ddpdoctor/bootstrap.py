@@ -20,13 +20,14 @@ from ddpdoctor.watchdog import Watchdog
 class Session:
     """Probes, recorder and watchdog of one rank process."""
 
-    def __init__(self) -> None:
+    def __init__(self, watchdog_factory: Optional[Callable[[Recorder], Watchdog]] = None) -> None:
         evidence_dir = os.environ[envvars.EVIDENCE_DIR]
         every = int(os.environ.get(envvars.FINGERPRINT_EVERY, "1") or 1)
         self.rec = Recorder(evidence_dir, fingerprint_every=every)
         recorder.install(self.rec)
         self.finish_passes = probes.install(self.rec)
-        self.watchdog = Watchdog(self.rec, interval_s=float(os.environ.get(envvars.HEARTBEAT_S, "0.5")))
+        interval_s = float(os.environ.get(envvars.HEARTBEAT_S, "0.5"))
+        self.watchdog = (watchdog_factory or (lambda rec: Watchdog(rec, interval_s=interval_s)))(self.rec)
         self.watchdog.start()
 
     def record_exception(self, exc: BaseException) -> None:
@@ -58,9 +59,9 @@ def _exit_code(exc: SystemExit) -> int:
     return exc.code if isinstance(exc.code, int) else 1
 
 
-def run_recorded(target: Callable[[], Any]) -> Any:
+def run_recorded(target: Callable[[], Any], watchdog_factory: Optional[Callable[[Recorder], Watchdog]] = None) -> Any:
     """Run ``target`` under probes, recording how it ended, and re-raise whatever it raised."""
-    session = Session()
+    session = Session(watchdog_factory)
     try:
         result = target()
     except SystemExit as exc:
@@ -87,12 +88,12 @@ def run_probed(fn: Callable[..., Any], *args: Any) -> Any:
     return run_recorded(lambda: fn(*args))
 
 
-def run_script(script: str, args: list[str]) -> None:
+def run_script(script: str, args: list[str], watchdog_factory: Optional[Callable[[Recorder], Watchdog]] = None) -> None:
     script = os.path.abspath(script)
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(script)
     os.environ[envvars.SCRIPT] = script
-    run_recorded(lambda: runpy.run_path(script, run_name="__main__"))
+    run_recorded(lambda: runpy.run_path(script, run_name="__main__"), watchdog_factory)
 
 
 def main() -> None:

@@ -59,3 +59,24 @@ class HangDetector:
 
     def stall_age(self, now: float, rank: int) -> float:
         return now - self.ranks[rank].changed_at if rank in self.ranks else 0.0
+
+
+def is_waiting(stack: list[dict]) -> bool:
+    """A stalled rank whose innermost frame is library code (a collective, DDP's backward...) waits;
+    one whose innermost frame is the user's own code is computing."""
+    return not stack or not stack[-1].get("user", False)
+
+
+def build_snapshot(*, reason: str, detector: HangDetector, now: float, heartbeats: dict[int, dict],
+                   live: set[int], stacks: dict[int, dict]) -> dict:
+    """What the report needs about a stopped job: heartbeats, stacks, who exited, who never came."""
+    world = max([b.get("world_size") or 0 for b in heartbeats.values()] + [0])
+    return {
+        "reason": reason,
+        "threshold_s": detector.threshold_s(),
+        "stall_s": {str(r): round(detector.stall_age(now, r), 2) for r in heartbeats},
+        "heartbeats": {str(r): b for r, b in heartbeats.items()},
+        "stacks": {str(r): s for r, s in stacks.items()},
+        "exited": sorted(r for r in heartbeats if r not in live),
+        "missing": sorted(set(range(world)) - set(heartbeats)),
+    }

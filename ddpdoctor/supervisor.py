@@ -16,11 +16,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from typing import Optional, Protocol
 
 from ddpdoctor import envvars, processes
 from ddpdoctor.evidence import Evidence, load_dir
-from ddpdoctor.hang import HangDetector
+from ddpdoctor.hang import HangDetector, build_snapshot, is_waiting
 from ddpdoctor.launch import LaunchPlan, RunConfig
 from ddpdoctor.watchdog import DUMP_REQUEST
 
@@ -49,12 +49,6 @@ class _Job:
     lines: "queue.Queue[tuple[int, str]]" = field(default_factory=queue.Queue)
     pumps: list[threading.Thread] = field(default_factory=list)
     known_pids: dict[int, Optional[int]] = field(default_factory=dict)
-
-
-def is_waiting(stack: list[dict]) -> bool:
-    """A stalled rank whose innermost frame is library code (a collective, DDP's backward...) waits;
-    one whose innermost frame is the user's own code is computing."""
-    return not stack or not stack[-1].get("user", False)
 
 
 class Supervisor:
@@ -200,16 +194,8 @@ class Supervisor:
 
     def _snapshot(self, beats: dict[int, dict], live: dict[int, dict], now: float, *, reason: str) -> dict:
         stacks = self._request_stacks(live) if live else {}
-        world = max([b.get("world_size") or 0 for b in beats.values()] + [0])
-        return {
-            "reason": reason,
-            "threshold_s": self.detector.threshold_s(),
-            "stall_s": {str(r): round(self.detector.stall_age(now, r), 2) for r in beats},
-            "heartbeats": {str(r): b for r, b in beats.items()},
-            "stacks": {str(r): s for r, s in stacks.items()},
-            "exited": sorted(r for r in beats if r not in live),
-            "missing": sorted(set(range(world)) - set(beats)),
-        }
+        return build_snapshot(reason=reason, detector=self.detector, now=now, heartbeats=beats,
+                              live=set(live), stacks=stacks)
 
     def _failures(self) -> list[dict]:
         failures = []

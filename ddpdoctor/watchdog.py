@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from typing import Optional
 
 from ddpdoctor import callsite
 from ddpdoctor.recorder import Recorder
@@ -39,14 +40,17 @@ class Watchdog(threading.Thread):
         self._last_request = ""
 
     def run(self) -> None:
-        request_path = os.path.join(self.rec.evidence_dir, DUMP_REQUEST)
         while not self._stop_event.is_set():
-            self._beat()
-            try:
-                self._serve_dump_request(request_path)
-            except OSError:
-                pass
+            self.tick()
             self._stop_event.wait(self.interval_s)
+
+    def tick(self) -> None:
+        """One heartbeat and one look for requests; the file-based channel of launch modes 1 and 3."""
+        self._beat()
+        try:
+            self._serve_dump_request(os.path.join(self.rec.evidence_dir, DUMP_REQUEST))
+        except OSError:
+            pass
 
     def _beat(self) -> None:
         try:
@@ -60,15 +64,21 @@ class Watchdog(threading.Thread):
                 token = f.read().strip()
         except FileNotFoundError:
             return
-        if token and token != self._last_request:
-            self._last_request = token
-            for callback in self.rec.on_dump:
-                try:
-                    callback()
-                except Exception as exc:  # evidence is best effort; the stack matters most
-                    self.rec.emit("probe_error", probe="dump", error=repr(exc))
-            payload = {"token": token, "t": time.time(), **self.rec.heartbeat(), "stack": main_thread_stack()}
+        payload = self.dump(token)
+        if payload is not None:
             write_json_atomic(os.path.join(self.rec.evidence_dir, f"stack-{self.rec.pid}.json"), payload)
+
+    def dump(self, token: str) -> Optional[dict]:
+        """Answer a dump request once: flush open evidence, then the main thread's stack."""
+        if not token or token == self._last_request:
+            return None
+        self._last_request = token
+        for callback in self.rec.on_dump:
+            try:
+                callback()
+            except Exception as exc:  # evidence is best effort; the stack matters most
+                self.rec.emit("probe_error", probe="dump", error=repr(exc))
+        return {"token": token, "t": time.time(), **self.rec.heartbeat(), "stack": main_thread_stack()}
 
     def stop(self) -> None:
         """Stop beating, after one last heartbeat that carries the final state."""

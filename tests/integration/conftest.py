@@ -40,8 +40,28 @@ class CheckRun:
         return [f for f in self.findings() if f["severity"] in ("error", "warning")]
 
 
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _ours(pid: int) -> bool:
+    """Started by this test session: a descendant of pytest, or an orphan adopted by init."""
+    parent = _parent(pid)
+    if parent == 1:
+        return True
+    while parent > 1:
+        if parent == os.getpid():
+            return True
+        parent = _parent(parent)
+    return False
+
+
 def our_processes() -> list[str]:
-    """Command lines of live ddpdoctor processes (agents, ranks, supervisors) other than pytest."""
+    """Command lines of live ddpdoctor processes (agents, ranks, supervisors) this session started."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -53,7 +73,7 @@ def our_processes() -> list[str]:
                 state = f.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and any(m in cmdline for m in OUR_MODULES) and "pytest" not in cmdline:
+        if state != "Z" and any(m in cmdline for m in OUR_MODULES) and _ours(int(entry)):
             found.append(f"{entry}: {cmdline}")
     return found
 

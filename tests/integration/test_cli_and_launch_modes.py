@@ -94,3 +94,18 @@ def test_inside_an_existing_torchrun_launch(tmp_path):
     assert data["world_size"] == 2
     assert [f["check"] for f in data["findings"] if f["severity"] == "warning"] == ["set-epoch"]
     assert proc.returncode != 0  # rank 0 exits 1 for the finding; torchrun reports it
+
+
+def test_hang_inside_an_existing_launch_goes_through_the_store(tmp_path):
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
+         str(FIXTURES / "hang_barrier_rank0.py"), "--hang-timeout", "5", "--json", str(report), "--plain"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    data = json.loads(report.read_text())
+    assert data["outcome"] == "hung"
+    (finding,) = [f for f in data["findings"] if f["check"] == "collective-hang"]
+    assert finding["severity"] == "error"
+    assert finding["location"]["file"].endswith("hang_barrier_rank0.py")
+    assert finding["evidence"]["ranks"]["0"]["where"]["function"] == "validate"
