@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.compare import differs, relative_difference
+from ddpdoctor.compare import relative_difference
 from ddpdoctor.evidence import Evidence
 
 from ._common import fmt_ranks, group_by_value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
+from ddpdoctor.check_api import Check, CheckResult, Finding
 from ddpdoctor.evidence import Evidence
 
 from ._common import first_site

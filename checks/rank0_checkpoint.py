@@ -86,7 +86,7 @@ def _identical_copies(saves: list[tuple[int, dict]], world_size: int, multi_path
             continue
         nth[counts[rank]][rank] = event
         counts[rank] += 1
-    for index, per_rank in sorted(nth.items()):
+    for _, per_rank in sorted(nth.items()):
         prints = {e.get("fingerprint") for e in per_rank.values()}
         paths = {e.get("path") for e in per_rank.values()}
         if len(per_rank) >= 2 and len(per_rank) == world_size and len(prints) == 1 and None not in prints \

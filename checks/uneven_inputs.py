@@ -68,7 +68,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         if len(set(batches.values())) > 1:
             uneven.append((key, per_rank, batches))
     step_totals: dict[int, int] = {}
-    for rank, event in evidence.events("step"):
+    for rank, _ in evidence.events("step"):
         step_totals[rank] = step_totals.get(rank, 0) + 1
     if not uneven and len(set(step_totals.values())) > 1 and not failed and len(step_totals) == evidence.world_size:
         uneven.append((("optimizer steps", 0), {}, step_totals))

@@ -101,16 +101,32 @@ def ddpdoctor_command(script: Optional[Path], json_path: Path, *options: str, sc
     return cmd
 
 
+_RUNS: dict[tuple, CheckRun] = {}
+
+
 @pytest.fixture
 def run_check(tmp_path):
+    """Run ``ddpdoctor check`` on a fixture (None: the reference job) and parse its JSON report.
+
+    Runs are deterministic in what they report, so one run per (fixture, options, arguments) is
+    shared by every test that asserts on it: the suite stays within CI's time budget.
+    """
+
     def run(name: Optional[str], *options: str, script_args=(), timeout: float = 240) -> CheckRun:
-        script = None if name is None else (FIXTURES / name if not os.path.isabs(name) else Path(name))
-        json_path = tmp_path / "report.json"
-        env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
-        started = time.monotonic()
-        proc = subprocess.run(ddpdoctor_command(script, json_path, *options, script_args=script_args),
-                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-        report = json.loads(json_path.read_text()) if json_path.exists() else None
-        return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started)
+        key = (name, options, tuple(script_args))
+        if key not in _RUNS:
+            _RUNS[key] = _run(tmp_path, name, options, script_args, timeout)
+        return _RUNS[key]
 
     return run
+
+
+def _run(tmp_path: Path, name: Optional[str], options: tuple, script_args, timeout: float) -> CheckRun:
+    script = None if name is None else (FIXTURES / name if not os.path.isabs(name) else Path(name))
+    json_path = tmp_path / "report.json"
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
+    started = time.monotonic()
+    proc = subprocess.run(ddpdoctor_command(script, json_path, *options, script_args=script_args),
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    report = json.loads(json_path.read_text()) if json_path.exists() else None
+    return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started)

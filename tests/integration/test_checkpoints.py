@@ -62,3 +62,15 @@ def test_checkpoint_bytes_are_identical_with_and_without_ddpdoctor(tmp_path, run
     assert run.returncode == 0, run.output[-3000:]
     assert os.listdir(plain_dir) == os.listdir(probed_dir) == ["checkpoint.pt"]
     assert _digest(str(plain_dir / "checkpoint.pt")) == _digest(str(probed_dir / "checkpoint.pt"))
+
+
+def test_collective_inside_the_rank0_save_block_points_at_the_save(run_check):
+    fixture = "bad_ckpt_barrier_in_rank0_block.py"
+    run = run_check(fixture, "--hang-timeout", "5")
+    assert run.returncode == 1
+    assert run.report["outcome"] == "hung"
+    assert run.findings("collective-hang", "error")
+    (finding,) = run.findings("rank0-checkpoint", "error")
+    source = (FIXTURES / fixture).read_text().splitlines()
+    assert "torch.save" in source[finding["location"]["line"] - 1]
+    assert finding["evidence"]["collective"] == "barrier"

@@ -85,7 +85,7 @@ def test_unused_missing_names_the_parameter(run_check):
 
 
 def test_crash_names_rank_exception_and_line(run_check):
-    run = run_check("bad_raise_on_rank1.py")
+    run = run_check("bad_raise_on_rank1.py", "--hang-timeout", "5")
     assert run.returncode == 1
     (finding,) = run.findings("rank-failure", "error")
     assert finding["ranks"] == [1]

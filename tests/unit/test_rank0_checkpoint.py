@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from builders import SCRIPT, collective, dcp, ddp_wrap, load, make_evidence, save
 
 from ddpdoctor.check_api import Location

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from builders import (SCRIPT, ddp_wrap, exception, failure, join, loader_pass, make_evidence, merge, on_all, step)
 
 from ddpdoctor.check_api import Location
