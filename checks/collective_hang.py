@@ -164,6 +164,31 @@ def _hang_finding(evidence: Evidence, traces: dict[int, list[dict]]) -> Finding:
     )
 
 
+def _orphaned_collective(evidence: Evidence, traces: dict[int, list[dict]]) -> Optional[Finding]:
+    """A rank died in a collective its peers never called (they had exited): the hang that gloo
+    turned into "Connection closed by peer" when the peers' processes ended."""
+    mismatch = first_mismatch(traces, include_missing=True)
+    if mismatch is None:
+        return None
+    n, at = mismatch
+    present = {r: e for r, e in at.items() if e is not None}
+    absent = sorted(r for r, e in at.items() if e is None)
+    failed_in_it = {r for r, e in evidence.events("exception") if r in present and e.get("seq") == n}
+    if not absent or not failed_in_it:
+        return None
+    culprit = _culprit(present)
+    return Finding(
+        check=ID, severity="error", ranks=tuple(sorted(present) + absent),
+        location=Location.from_site(present[culprit].get("site")),
+        message=(f"{fmt_ranks(present)} called {_describe(present[culprit])} (collective #{n}) that "
+                 f"{fmt_ranks(absent)} never called; it failed when the other ranks' processes ended"),
+        fix=("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
+             "decision so all ranks take it."),
+        evidence={"sequence": n, "called_by": sorted(present), "never_called_by": absent,
+                  "site": present[culprit].get("site")},
+    )
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     traces = _collectives(evidence)
     hang_reason = (evidence.hang or {}).get("reason")
@@ -175,6 +200,9 @@ def analyze(evidence: Evidence) -> CheckResult:
     mismatch = first_mismatch(traces, include_missing=False)
     total = sum(len(t) for t in traces.values())
     if mismatch is None:
+        orphan = _orphaned_collective(evidence, traces)
+        if orphan is not None:
+            return CheckResult(findings=[orphan], summary="a collective had no partner")
         return CheckResult(summary=f"{total} collectives matched across ranks")
     n, at = mismatch
     present = {r: e for r, e in at.items() if e is not None}

@@ -68,7 +68,9 @@ def test_collective_inside_the_rank0_save_block_points_at_the_save(run_check):
     fixture = "bad_ckpt_barrier_in_rank0_block.py"
     run = run_check(fixture, "--hang-timeout", "5")
     assert run.returncode == 1
-    assert run.report["outcome"] == "hung"
+    # Rank 0 waits in the barrier; the job ends either by the hang timeout or, when rank 1's exit
+    # closes the gloo connection first, by "Connection closed by peer". Both are this bug.
+    assert run.report["outcome"] in ("hung", "failed")
     assert run.findings("collective-hang", "error")
     (finding,) = run.findings("rank0-checkpoint", "error")
     source = (FIXTURES / fixture).read_text().splitlines()

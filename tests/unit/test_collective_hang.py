@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builders import SCRIPT, collective, frame, hang_snapshot, init_pg, make_evidence, merge, on_all
+from builders import SCRIPT, collective, exception, frame, hang_snapshot, init_pg, make_evidence, merge, on_all
 
 from ddpdoctor.check_api import Location
 from ddpdoctor.checks.collective_hang import analyze
@@ -176,3 +176,23 @@ def test_hang_in_ddp_backward_is_named_from_the_stack():
     assert finding.message.startswith("the job hung: rank 0 waits in the backward pass (DDP's gradient all-reduce) "
                                       "at train.py:33 (main)")
     assert finding.location == Location(SCRIPT, 33)
+
+
+def test_a_collective_that_failed_because_its_peers_had_exited_is_an_error():
+    result = analyze(traced(2, {
+        0: [collective("broadcast", 1, line=61), collective("barrier", 2, shape=None, line=70),
+            exception("RuntimeError", "Connection closed by peer [127.0.0.1]:1234", seq=2)],
+        1: [collective("broadcast", 1, line=61)],
+    }, outcome="failed"))
+    (finding,) = result.findings
+    assert finding.severity == "error"
+    assert finding.location == Location(SCRIPT, 70)
+    assert finding.evidence["never_called_by"] == [1]
+
+
+def test_a_rank_that_simply_called_more_collectives_without_failing_is_clean():
+    result = analyze(traced(2, {
+        0: [collective("broadcast", 1, line=61), collective("barrier", 2, shape=None, line=70)],
+        1: [collective("broadcast", 1, line=61)],
+    }))
+    assert result.findings == []
