@@ -57,18 +57,24 @@ def _step_ms(output: str) -> float:
     return float(match.group(1))
 
 
-def bench_steps(cwd: str, steps: int) -> None:
+def bench_steps(cwd: str, steps: int, repeats: int) -> None:
     script = str(ROOT / "bench" / "step_time.py")
     rows = []
     for width, depth in ((256, 4), (1024, 8)):
         args = ["--", "--steps", str(steps), "--width", str(width), "--depth", str(depth)]
-        plain = _step_ms(timed([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", script, *args[1:]], cwd)[1])
-        probed = _step_ms(timed([PY, "-m", "ddpdoctor", "check", script, "--plain", *args], cwd)[1])
-        every10 = _step_ms(timed([PY, "-m", "ddpdoctor", "check", script, "--plain", "--fingerprint-every", "10", *args], cwd)[1])
+        plain = statistics.median(
+            _step_ms(timed([PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", script, *args[1:]], cwd)[1])
+            for _ in range(repeats))
+        auto = statistics.median(
+            _step_ms(timed([PY, "-m", "ddpdoctor", "check", script, "--plain", *args], cwd)[1]) for _ in range(repeats))
+        every1 = statistics.median(
+            _step_ms(timed([PY, "-m", "ddpdoctor", "check", script, "--plain", "--fingerprint-every", "1", *args], cwd)[1])
+            for _ in range(repeats))
         params = (width * width + width) * depth + width * 10 + 10
-        rows.append([f"MLP {depth}x{width} ({params / 1e6:.1f}M params)", f"{plain:.2f}", f"{probed:.2f}",
-                     f"{100 * (probed / plain - 1):+.1f}%", f"{every10:.2f}", f"{100 * (every10 / plain - 1):+.1f}%"])
-    table("median training step, 2 gloo ranks", ["model", "plain ms", "probed ms", "cost", "every 10 ms", "cost"], rows)
+        rows.append([f"MLP {depth}x{width} ({params / 1e6:.1f}M params)", f"{plain:.2f}", f"{auto:.2f}",
+                     f"{100 * (auto / plain - 1):+.1f}%", f"{every1:.2f}", f"{100 * (every1 / plain - 1):+.1f}%"])
+    table(f"mean training step over {steps} steps, 2 gloo ranks (median of {repeats} runs)",
+          ["model", "plain ms", "probed (auto) ms", "cost", "every step ms", "cost"], rows)
 
 
 def bench_hangs(cwd: str) -> None:
@@ -83,11 +89,13 @@ def bench_hangs(cwd: str) -> None:
         last_progress = 0.0
         for path in glob.glob(os.path.join(evidence, "events-*.jsonl")):
             with open(path) as f:
-                times = [json.loads(line)["t"] for line in f if line.strip()]
+                events = [json.loads(line) for line in f if line.strip()]
+            # Progress ends at the last event before the stack dump (the dump itself writes snapshots).
+            times = [e["t"] for e in events if not e.get("snapshot") and e.get("kind") != "probe_error"]
             last_progress = max(last_progress, max(times, default=0.0))
         outcome = "hung" if "outcome hung" in output else "other"
         rows.append([fixture, outcome, f"{wall:.1f}", f"{finished - last_progress:.1f}"])
-    table("hang fixtures with --hang-timeout 5", ["fixture", "outcome", "total wall s", "last event -> report s"], rows)
+    table("hang fixtures with --hang-timeout 5", ["fixture", "outcome", "total wall s", "last progress -> report s"], rows)
 
 
 def bench_analysis() -> None:
@@ -129,7 +137,7 @@ def main() -> None:
     cwd = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
     bench_analysis()
     bench_reference(1 if args.quick else 3, cwd)
-    bench_steps(cwd, 60 if args.quick else 200)
+    bench_steps(cwd, 60 if args.quick else 200, 1 if args.quick else 3)
     bench_hangs(cwd)
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 from ddpdoctor.check_api import Check, CheckResult, Finding, Location
 from ddpdoctor.compare import relative_difference
 from ddpdoctor.evidence import Evidence
+from ddpdoctor.sampling import describe
 
 from ._common import fmt_ranks, group_by_value
 
@@ -59,6 +60,7 @@ class _Divergence:
     groups: list[list[int]]
     values: dict[int, list]
     events: dict[int, dict]
+    last_identical_step: Optional[int] = None
 
 
 def first_divergence(evidence: Evidence) -> tuple[Optional[_Divergence], int]:
@@ -68,6 +70,7 @@ def first_divergence(evidence: Evidence) -> tuple[Optional[_Divergence], int]:
         if event.get("grads") is not None:
             by_step.setdefault((event["n"], event["opt"]), {})[rank] = event
     num_compared = 0
+    last_identical: dict[int, int] = {}
     for (n, opt), events in sorted(by_step.items()):
         if len(events) < 2:
             continue
@@ -78,7 +81,8 @@ def first_divergence(evidence: Evidence) -> tuple[Optional[_Divergence], int]:
                 values = {r: e[kind][i] for r, e in events.items()}
                 groups = group_by_value(values)
                 if len(groups) > 1:
-                    return _Divergence(n, opt, i, kind, groups, values, events), num_compared
+                    return _Divergence(n, opt, i, kind, groups, values, events, last_identical.get(opt)), num_compared
+        last_identical[opt] = n
     return None, num_compared
 
 
@@ -130,8 +134,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     div, num_compared = first_divergence(evidence)
     if num_compared == 0:
         return CheckResult(summary="no optimizer step was seen on two ranks", applicable=False)
-    every = max((e.get("fingerprint_every") or 1 for _, e in evidence.events("process_start")), default=1)
-    sampled = f" (fingerprinted every {every} steps)" if every > 1 else ""
+    every = max((e.get("fingerprint_every") or 0 for _, e in evidence.events("process_start")), default=1)
+    sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
     if div is None:
         return CheckResult(summary=f"replicas identical after {num_compared} compared steps{sampled}")
     rank0 = div.groups[0][0]
@@ -147,6 +151,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         "rank_groups": div.groups,
         "fingerprints": {str(r): v for r, v in sorted(div.values.items())},
         "relative_difference": diff,
+        # Sampled steps: the replicas diverged after this step (None: at the first compared step).
+        "last_identical_step": div.last_identical_step,
     }
     if div.kind == "grads":
         case, why, fix = _grad_case(evidence, div, in_ddp)

@@ -22,7 +22,7 @@ class Session:
 
     def __init__(self, watchdog_factory: Optional[Callable[[Recorder], Watchdog]] = None) -> None:
         evidence_dir = os.environ[envvars.EVIDENCE_DIR]
-        every = int(os.environ.get(envvars.FINGERPRINT_EVERY, "1") or 1)
+        every = int(os.environ.get(envvars.FINGERPRINT_EVERY, "0") or 0)
         self.rec = Recorder(evidence_dir, fingerprint_every=every)
         recorder.install(self.rec)
         self.finish_passes = probes.install(self.rec)

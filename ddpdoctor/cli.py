@@ -116,7 +116,9 @@ def check(
     fail_on: FailOn = typer.Option(FailOn.warning, "--fail-on", help="Lowest severity that makes the exit code 1."),
     launch: LaunchMode = typer.Option(LaunchMode.auto, "--launch",
                                       help="torchrun, or spawn for scripts that start their own workers; auto detects."),
-    fingerprint_every: int = typer.Option(1, "--fingerprint-every", help="Fingerprint gradients every k-th step (large models)."),
+    fingerprint_every: int = typer.Option(
+        0, "--fingerprint-every", help="Fingerprint gradients and parameters every K-th step; 0 (default): steps "
+                                       "1-20, then every 10th to step 200, then every 50th."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the script's own output."),
     plain: bool = typer.Option(False, "--plain", help="Plain lines even on a terminal."),
     keep_evidence: Optional[Path] = typer.Option(None, "--keep-evidence", help="Copy the raw per-rank evidence here."),
@@ -131,8 +133,8 @@ def check(
     for name, value in (("--hang-timeout", hang_timeout), ("--timeout", timeout)):
         if value is not None and value <= 0:
             raise UsageProblem(f"{name} must be a positive number of seconds")
-    if fingerprint_every < 1:
-        raise UsageProblem("--fingerprint-every must be at least 1")
+    if fingerprint_every < 0:
+        raise UsageProblem("--fingerprint-every must be 0 (automatic) or a positive number of steps")
     is_reference = script is None
     script_path = reference_script() if is_reference else _validate_script(script)
     config = RunConfig(

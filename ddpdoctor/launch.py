@@ -27,7 +27,7 @@ class RunConfig:
     hang_timeout_s: Optional[float] = None
     timeout_s: Optional[float] = None
     launch: str = "auto"
-    fingerprint_every: int = 1
+    fingerprint_every: int = 0  # 0: automatic (ddpdoctor.sampling)
     show_output: bool = True
 
 

@@ -18,9 +18,9 @@ from typing import Any, Optional
 class Recorder:
     """Per-process event sink and progress counters shared by all probes."""
 
-    def __init__(self, evidence_dir: str, *, fingerprint_every: int = 1) -> None:
+    def __init__(self, evidence_dir: str, *, fingerprint_every: int = 0) -> None:
         self.evidence_dir = evidence_dir
-        self.fingerprint_every = max(1, fingerprint_every)
+        self.fingerprint_every = max(0, fingerprint_every)  # 0: the automatic schedule
         self.pid = os.getpid()
         self.rank: Optional[int] = _env_int("RANK")
         self.world_size: Optional[int] = _env_int("WORLD_SIZE")

@@ -27,6 +27,8 @@ from ddpdoctor.watchdog import DUMP_REQUEST
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d+)\]:(.*)$", re.S)
 STACK_WAIT_S = 2.0
 STOP_GRACE_S = 2.0
+POLL_S = 0.5  # heartbeats are written every 0.5 s
+TRACK_S = 2.0
 
 
 class Display(Protocol):
@@ -129,18 +131,20 @@ class Supervisor:
         previous_handlers = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         job = self._start()
         outcome, hang, interrupted = "completed", None, False
-        last_poll = 0.0
+        last_poll = last_tracked = 0.0
         try:
             while True:
                 self._drain(job)
                 now = time.monotonic()
                 if all(p.poll() is not None for p in job.procs):
                     break
-                if now - last_poll < 0.25:
+                if now - last_poll < POLL_S:
                     time.sleep(0.05)
                     continue
                 last_poll = now
-                self._track_descendants(job)
+                if now - last_tracked > TRACK_S:  # a /proc scan: cheap, but the ranks share the CPUs
+                    self._track_descendants(job)
+                    last_tracked = now
                 beats = self._heartbeats()
                 for rank, beat in beats.items():
                     self.detector.observe(now, rank, beat.get("progress", 0), beat.get("steps", 0))

@@ -13,6 +13,7 @@ from ddpdoctor import callsite
 from ddpdoctor.fingerprint import fingerprint
 from ddpdoctor.probes.patching import patch
 from ddpdoctor.recorder import Recorder
+from ddpdoctor.sampling import should_fingerprint
 
 
 @dataclass
@@ -92,7 +93,7 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         if not (ddp.training and ddp.require_backward_grad_sync):
             return
         state.num_synced_total += 1
-        if state.buffers and (state.num_synced_total - 1) % rec.fingerprint_every == 0:
+        if state.buffers and should_fingerprint(state.num_synced_total, rec.fingerprint_every):
             rec.emit("buffers", ddp=state.index, forward=state.num_synced_total,
                      fp=fingerprint(state.buffers))
 

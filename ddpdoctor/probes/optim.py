@@ -1,7 +1,7 @@
 """Probes on every optimizer step through torch's global step hooks (no patching).
 
 Before the step: fingerprints of the gradients. After: fingerprints of the parameters, plus what
-each DDP wrapper did since the previous step. Sampled every ``fingerprint_every`` steps.
+each DDP wrapper did since the previous step. Sampled by :mod:`ddpdoctor.sampling`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ddpdoctor import callsite
 from ddpdoctor.fingerprint import fingerprint
 from ddpdoctor.probes import ddp as ddp_probe
 from ddpdoctor.recorder import Recorder
+from ddpdoctor.sampling import should_fingerprint
 
 
 class _OptimizerState:
@@ -38,7 +39,7 @@ def install(rec: Recorder) -> list:
             _describe(rec, state.index, params_of(optimizer))
         state.num_steps += 1
         rec.set_activity("optimizer.step")
-        if (state.num_steps - 1) % rec.fingerprint_every == 0:
+        if should_fingerprint(state.num_steps, rec.fingerprint_every):
             state.pending_grads = fingerprint([p.grad for p in params_of(optimizer)])
         else:
             state.pending_grads = None
