@@ -126,8 +126,9 @@ def analyze(evidence: Evidence) -> CheckResult:
                           "steps_observed": dict((str(r), c) for r, c in sorted(windows.items()))},
             ))
     if not findings:
-        return CheckResult(summary=f"every parameter got a gradient ({num_windows_total} rank-steps observed)",
-                           applicable=num_windows_total > 0)
+        if num_windows_total == 0:
+            return CheckResult(summary="no optimizer step after a forward through DDP", applicable=False)
+        return CheckResult(summary=f"every parameter got a gradient ({num_windows_total} rank-steps observed)")
     return CheckResult(findings=findings, summary=findings[0].message.split(":")[0][:100])
 
 

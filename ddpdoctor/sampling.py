@@ -28,4 +28,4 @@ def describe(every: int) -> str:
         return "every step"
     if every > 1:
         return f"every {every} steps"
-    return "steps 1-20, then every 10th to step 200, then every 50th"
+    return "steps 1-20, every 10th to 200, every 50th after"
