@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -9,7 +10,8 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Optional
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+# realpath: a venv reaches site-packages through both lib/ and the lib64/ symlink.
+_PKG_DIR = os.path.dirname(os.path.realpath(__file__))
 _FIXTURES_DIR = os.path.join(_PKG_DIR, "fixtures")
 
 
@@ -22,18 +24,19 @@ def _library_prefixes() -> tuple[str, ...]:
         prefixes.add(os.path.dirname(os.path.abspath(torch.__file__)))
     except Exception:  # torch missing only in the supervisor; nothing to skip then
         pass
-    return tuple(sorted(p + os.sep for p in prefixes if p))
+    return tuple(sorted(os.path.realpath(p) + os.sep for p in prefixes if p))
 
 
 _LIBRARY_PREFIXES: Optional[tuple[str, ...]] = None
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(filename: str) -> bool:
     """True for the script's own files (the bundled fixtures count as user code)."""
     global _LIBRARY_PREFIXES
     if not filename or filename.startswith("<"):
         return False
-    filename = os.path.abspath(filename)
+    filename = os.path.realpath(filename)
     if filename.startswith(_FIXTURES_DIR + os.sep):
         return True
     if filename.startswith(_PKG_DIR + os.sep):
