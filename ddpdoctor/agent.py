@@ -1,4 +1,4 @@
-"""One torchrun agent, run by the supervisor: ``python -m ddpdoctor.agent OUT.json -- TORCHRUN_ARGS``.
+"""One torchrun agent, run by the supervisor: ``python .../ddpdoctor/agent.py OUT.json -- TORCHRUN_ARGS``.
 
 It is torch.distributed.run itself (rendezvous, worker start, failure handling, SIGTERM to the
 survivors) plus one addition: when workers fail, it writes torchrun's failure table as JSON so the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import sys
 import time
@@ -26,7 +27,9 @@ def _die_with_parent() -> None:
 
 def main() -> None:
     out_path, sep, *torchrun_args = sys.argv[1:]
-    assert sep == "--", "usage: python -m ddpdoctor.agent OUT.json -- TORCHRUN_ARGS"
+    assert sep == "--", "usage: python agent.py OUT.json -- TORCHRUN_ARGS"
+    if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
     _die_with_parent()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -1,6 +1,6 @@
 """Entry point of every rank process: install the probes, then run the user's script unchanged.
 
-``python -m ddpdoctor.bootstrap SCRIPT [ARGS...]`` is what torchrun starts in place of the
+``python .../ddpdoctor/bootstrap.py SCRIPT [ARGS...]`` is what torchrun starts in place of the
 script. The script sees its own ``sys.argv`` and runs as ``__main__``; its exit status, output and
 exceptions pass through untouched.
 """
@@ -91,14 +91,14 @@ def run_probed(fn: Callable[..., Any], *args: Any) -> Any:
 def run_script(script: str, args: list[str], watchdog_factory: Optional[Callable[[Recorder], Watchdog]] = None) -> None:
     script = os.path.abspath(script)
     sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(script)
+    sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` would (replaces the bootstrap's own dir)
     os.environ[envvars.SCRIPT] = script
     run_recorded(lambda: runpy.run_path(script, run_name="__main__"), watchdog_factory)
 
 
 def main() -> None:
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m ddpdoctor.bootstrap SCRIPT [ARGS...]")
+        sys.exit("usage: python bootstrap.py SCRIPT [ARGS...]")
     run_script(sys.argv[1], sys.argv[2:])
 
 

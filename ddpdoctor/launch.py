@@ -14,6 +14,12 @@ from ddpdoctor import envvars
 
 SPAWN_CALLS = {"spawn", "start_processes"}
 
+# Started by file path, not `python -m`: -m puts the current directory first on sys.path, and a
+# checkout of ddpdoctor there would shadow the installed package inside every rank.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+BOOTSTRAP = os.path.join(_HERE, "bootstrap.py")
+AGENT = os.path.join(_HERE, "agent.py")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -80,7 +86,7 @@ def build_plan(config: RunConfig, evidence_dir: str) -> LaunchPlan:
     script = os.path.abspath(config.script)
     mode = choose_mode(config)
     if mode == "spawn":
-        command = [sys.executable, "-m", "ddpdoctor.bootstrap", script, *config.script_args]
+        command = [sys.executable, BOOTSTRAP, script, *config.script_args]
         return LaunchPlan(mode="spawn", commands=[command], env=env)
     port = free_port()
     run_id = f"ddpdoctor-{uuid.uuid4().hex[:8]}"
@@ -98,11 +104,10 @@ def build_plan(config: RunConfig, evidence_dir: str) -> LaunchPlan:
             "--monitor-interval=0.1",
             "--tee=3",
             f"--log-dir={os.path.join(evidence_dir, f'logs-{node}')}",
-            "--module",
-            "ddpdoctor.bootstrap",
+            BOOTSTRAP,
             script,
             *config.script_args,
         ]
-        commands.append([sys.executable, "-m", "ddpdoctor.agent", out, "--", *torchrun_args])
+        commands.append([sys.executable, AGENT, out, "--", *torchrun_args])
         outputs.append(out)
     return LaunchPlan(mode="torchrun", commands=commands, env=env, agent_outputs=outputs)

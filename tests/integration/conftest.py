@@ -15,7 +15,7 @@ from typing import Optional
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-OUR_MODULES = ("ddpdoctor.bootstrap", "ddpdoctor.agent", "ddpdoctor check", "-m ddpdoctor")
+OUR_MODULES = ("ddpdoctor/bootstrap.py", "ddpdoctor/agent.py", "ddpdoctor check", "-m ddpdoctor")
 
 
 @dataclass
