@@ -46,6 +46,9 @@ def analyze(evidence: Evidence) -> CheckResult:
         if len(per_rank) < 2:
             continue
         compared += 1
+        reference = per_rank[min(per_rank)]
+        if all(v == reference for v in per_rank.values()):
+            continue  # bit-identical: nothing to compare value by value
         length = min(len(v) for v in per_rank.values())
         for i in range(length):
             groups = group_by_value({r: v[i] for r, v in per_rank.items()})

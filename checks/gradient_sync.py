@@ -76,6 +76,9 @@ def first_divergence(evidence: Evidence) -> tuple[Optional[_Divergence], int]:
             continue
         num_compared += 1
         for kind in ("grads", "params"):
+            reference = events[min(events)][kind]
+            if all(e[kind] == reference for e in events.values()):
+                continue  # bit-identical replicas, the common case: no per-parameter comparison
             length = min(len(e[kind]) for e in events.values())
             for i in range(length):
                 values = {r: e[kind][i] for r, e in events.items()}
