@@ -117,6 +117,12 @@ def render_report(console: Console, report: dict, *, plain: bool) -> None:
                        f"{report['world_size']} ranks ({report['nnodes']} node{'s' if report['nnodes'] != 1 else ''}, "
                        f"{report['backend']}, {report['device']}), outcome {report['outcome']}, "
                        f"{report['duration_s']:.1f}s", style="bold"))
+    if report["nnodes"] > 1:
+        nodes: dict = {}
+        for rank in report.get("ranks", []):
+            nodes.setdefault(rank.get("node"), []).append(f"{rank['rank']} (local {rank.get('local_rank')})")
+        console.print(Text("nodes: " + "; ".join(f"node {n}: ranks {', '.join(r)}" for n, r in sorted(
+            nodes.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))))
     for check in report["checks"]:
         status = check["status"]
         if plain:
