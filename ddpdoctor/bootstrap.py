@@ -25,7 +25,7 @@ class Session:
         every = int(os.environ.get(envvars.FINGERPRINT_EVERY, "0") or 0)
         self.rec = Recorder(evidence_dir, fingerprint_every=every)
         recorder.install(self.rec)
-        self.finish_passes = probes.install(self.rec)
+        self.finish_probes = probes.install(self.rec)
         interval_s = float(os.environ.get(envvars.HEARTBEAT_S, "0.5"))
         self.watchdog = (watchdog_factory or (lambda rec: Watchdog(rec, interval_s=interval_s)))(self.rec)
         self.watchdog.start()
@@ -44,9 +44,9 @@ class Session:
 
     def close(self, *, exit_code: Optional[int]) -> None:
         try:
-            self.finish_passes()
+            self.finish_probes()
         except Exception as exc:
-            self.rec.emit("probe_error", probe="data", error=repr(exc))
+            self.rec.emit("probe_error", probe="finish", error=repr(exc))
         self.rec.emit("exit", code=exit_code)
         self.rec.set_activity("exited")
         self.watchdog.stop()

@@ -63,30 +63,6 @@ class Evidence:
     def any(self, kind: str) -> bool:
         return any(True for _ in self.events(kind))
 
-    def to_json(self) -> dict:
-        return {
-            "ranks": {str(r): {"events": ev.events, "pid": ev.pid, "host": ev.host} for r, ev in self.ranks.items()},
-            "world_size": self.world_size,
-            "nnodes": self.nnodes,
-            "outcome": self.outcome,
-            "script": self.script,
-            "unranked": self.unranked,
-            "failures": self.failures,
-            "hang": self.hang,
-            "timeout_s": self.timeout_s,
-            "interrupted": self.interrupted,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Evidence":
-        ranks = {int(r): RankEvidence(rank=int(r), events=v["events"], pid=v.get("pid"), host=v.get("host"))
-                 for r, v in data.get("ranks", {}).items()}
-        for ev in ranks.values():
-            _fill_identity(ev)
-        return cls(ranks=ranks, **{k: data.get(k) for k in ("world_size", "nnodes", "outcome", "script",
-                                                              "unranked", "failures", "hang", "timeout_s", "interrupted")
-                                   if data.get(k) is not None})
-
 
 def read_events(path: str) -> list[dict]:
     """Events of one file; a line torn by a kill at write time is skipped."""
