@@ -166,7 +166,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                    "the weights were changed outside the optimizer, or the optimizer is configured differently, on some ranks")
         fix = ("Change weights only through the optimizer, or identically on every rank; give every rank the same "
                "optimizer settings; load checkpoints on every rank before wrapping with DDP.")
-    evidence_out["case"] = case
+    evidence_out = {"case": case, **evidence_out}  # first: the terminal shows the leading fields
     finding = Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks),
                       location=_optimizer_site(evidence, rank0, div.optimizer), evidence=evidence_out)
     return CheckResult(findings=[finding], summary=f"replicas diverge at step {div.step} ({fmt_ranks(ranks)}){sampled}")
