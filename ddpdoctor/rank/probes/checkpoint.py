@@ -15,9 +15,12 @@ from typing import Any, Optional
 
 import torch
 
-from ddpdoctor import callsite
-from ddpdoctor.probes.patching import patch
-from ddpdoctor.recorder import Recorder
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import DistributedCheckpoint, Load, Save
+
+PROBE = "checkpoint"
 
 _inside = threading.local()  # set while a save/load (or a DCP call) is running: inner calls are its own
 MAX_TENSORS = 10_000
@@ -44,6 +47,20 @@ def _tensors(obj: Any, out: list, depth: int = 0) -> None:
             _tensors(value, out, depth + 1)
 
 
+def _tensor_sum(t: torch.Tensor) -> float:
+    """A float64 sum of one tensor on its own device; NaN for tensors that cannot be summed (meta,
+    sparse, quantized, exotic subclasses), which then compare by shape alone."""
+    try:
+        if t.is_meta or t.numel() == 0:
+            return 0.0
+        value = t.detach()
+        if value.is_complex():
+            value = torch.view_as_real(value)
+        return float(value.sum(dtype=torch.float64) if value.is_floating_point() else value.double().sum())
+    except Exception:
+        return float("nan")
+
+
 @torch.no_grad()
 def state_fingerprint(obj: Any) -> Optional[str]:
     """Digest of every tensor's float64 sum and shape: equal for identical replicas' state."""
@@ -51,8 +68,7 @@ def state_fingerprint(obj: Any) -> Optional[str]:
     _tensors(obj, tensors)
     if not tensors:
         return None
-    sums = torch.stack([t.detach().to("cpu", torch.float64).sum() if t.numel() else torch.zeros((), dtype=torch.float64)
-                        for t in tensors]).tolist()
+    sums = [_tensor_sum(t) for t in tensors]
     shapes = [tuple(t.shape) for t in tensors]
     return hashlib.blake2b(repr((sums, shapes)).encode(), digest_size=8).hexdigest()
 
@@ -76,10 +92,11 @@ def install(rec: Recorder) -> None:
             try:
                 seq_start = rec.collective_seq
                 result = original(obj, f, *args, **kwargs)
-                path = _path_of(f)
-                rec.emit("save", path=path, bytes=os.path.getsize(path) if path and os.path.isfile(path) else None,
-                         seq_start=seq_start, seq_end=rec.collective_seq, fingerprint=state_fingerprint(obj),
-                         module_prefix=module_prefixed(obj), site=callsite.caller_site(3))
+                with rec.guard(PROBE, "torch.save"):
+                    path = _path_of(f)
+                    rec.emit(Save(path=path, bytes=os.path.getsize(path) if path and os.path.isfile(path) else None,
+                                  seq_start=seq_start, seq_end=rec.collective_seq, fingerprint=state_fingerprint(obj),
+                                  module_prefix=module_prefixed(obj), site=callsite.caller_site(3)))
                 return result
             finally:
                 _inside.active = False
@@ -91,19 +108,27 @@ def install(rec: Recorder) -> None:
             if getattr(_inside, "active", False):
                 return original(f, *args, **kwargs)
             _inside.active = True
-            path = _path_of(f)
-            map_location = kwargs.get("map_location", args[0] if args else None)
-            fields = dict(path=path, existed=os.path.exists(path) if path else None, seq_start=rec.collective_seq,
-                          map_location=None if map_location is None else str(map_location),
-                          site=callsite.caller_site(3))
+            event = None
+            with rec.guard(PROBE, "torch.load"):
+                path = _path_of(f)
+                map_location = kwargs.get("map_location", args[0] if args else None)
+                event = Load(path=path, existed=os.path.exists(path) if path else None, seq_start=rec.collective_seq,
+                             map_location=None if map_location is None else str(map_location),
+                             site=callsite.caller_site(3))
             try:
                 result = original(f, *args, **kwargs)
             except BaseException as exc:
-                rec.emit("load", **fields, error=f"{type(exc).__name__}: {exc}"[:300])
+                if event is not None:
+                    event.error = f"{type(exc).__name__}: {exc}"[:300]
+                    with rec.guard(PROBE, "torch.load"):
+                        rec.emit(event)
                 raise
             finally:
                 _inside.active = False
-            rec.emit("load", **fields, module_prefix=module_prefixed(result))
+            if event is not None:
+                with rec.guard(PROBE, "torch.load"):
+                    event.module_prefix = module_prefixed(result)
+                    rec.emit(event)
             return result
 
         return load
@@ -115,9 +140,10 @@ def install(rec: Recorder) -> None:
                     return original(*args, **kwargs)
                 _inside.active = True
                 try:
-                    checkpoint_id = kwargs.get("checkpoint_id")
-                    rec.emit("dcp", op=name, path=str(checkpoint_id) if checkpoint_id is not None else None,
-                             site=callsite.caller_site(2))
+                    with rec.guard(PROBE, f"torch.distributed.checkpoint.{name}"):
+                        checkpoint_id = kwargs.get("checkpoint_id")
+                        rec.emit(DistributedCheckpoint(op=name, site=callsite.caller_site(2),
+                                                       path=str(checkpoint_id) if checkpoint_id is not None else None))
                     return original(*args, **kwargs)
                 finally:
                     _inside.active = False
@@ -127,11 +153,12 @@ def install(rec: Recorder) -> None:
         return wrap
 
     for owner in (torch, torch.serialization):
-        patch(owner, "save", wrap_save)
-        patch(owner, "load", wrap_load)
+        patch(rec, PROBE, owner, "save", wrap_save)
+        patch(rec, PROBE, owner, "load", wrap_load)
     try:
         import torch.distributed.checkpoint as dcp
     except ImportError:
         return
     for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
-        patch(dcp, name, wrap_dcp(name))
+        if hasattr(dcp, name):  # the deprecated *_state_dict names may be gone
+            patch(rec, PROBE, dcp, name, wrap_dcp(name))

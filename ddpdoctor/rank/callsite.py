@@ -11,7 +11,7 @@ from types import FrameType, TracebackType
 from typing import Optional
 
 # realpath: a venv reaches site-packages through both lib/ and the lib64/ symlink.
-_PKG_DIR = os.path.dirname(os.path.realpath(__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 _FIXTURES_DIR = os.path.join(_PKG_DIR, "fixtures")
 
 

@@ -1,7 +1,9 @@
-"""A daemon thread in every rank: heartbeats for the supervisor and stack dumps on request.
+"""A daemon thread in every rank: heartbeats for the monitor and stack dumps on request.
 
 It reads the main thread's stack with sys._current_frames(), which works while the main thread is
-blocked inside a collective in C++ because torch releases the GIL while it waits.
+blocked inside a collective in C++ because torch releases the GIL while it waits. It speaks only
+through files in the evidence directory; inside an existing launch, the rank's own ddpdoctor
+process relays them over the job's store.
 """
 
 from __future__ import annotations
@@ -10,13 +12,12 @@ import json
 import os
 import sys
 import threading
-import time
 from typing import Optional
 
-from ddpdoctor import callsite
-from ddpdoctor.recorder import Recorder
-
-DUMP_REQUEST = "dump-request"
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema import layout
+from ddpdoctor.schema.observations import StackDump
 
 
 def write_json_atomic(path: str, payload: dict) -> None:
@@ -37,48 +38,46 @@ class Watchdog(threading.Thread):
         self.rec = rec
         self.interval_s = interval_s
         self._stop_event = threading.Event()
-        self._last_request = ""
+        self._last_token = ""
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            self.tick()
+            self._beat()
+            self._serve_dump_request()
             self._stop_event.wait(self.interval_s)
-
-    def tick(self) -> None:
-        """One heartbeat and one look for requests; the file-based channel of launch modes 1 and 3."""
-        self._beat()
-        try:
-            self._serve_dump_request(os.path.join(self.rec.evidence_dir, DUMP_REQUEST))
-        except OSError:
-            pass
 
     def _beat(self) -> None:
         try:
-            write_json_atomic(os.path.join(self.rec.evidence_dir, f"hb-{self.rec.pid}.json"), self.rec.heartbeat())
+            write_json_atomic(layout.heartbeat_path(self.rec.evidence_dir, self.rec.pid), self.rec.heartbeat().to_json())
         except OSError:
             pass  # evidence dir removed: the supervisor is gone or done
 
-    def _serve_dump_request(self, request_path: str) -> None:
+    def _serve_dump_request(self) -> None:
         try:
-            with open(request_path) as f:
+            with open(layout.dump_request_path(self.rec.evidence_dir)) as f:
                 token = f.read().strip()
-        except FileNotFoundError:
+        except OSError:
             return
-        payload = self.dump(token)
-        if payload is not None:
-            write_json_atomic(os.path.join(self.rec.evidence_dir, f"stack-{self.rec.pid}.json"), payload)
+        dump = self.dump(token)
+        if dump is not None:
+            try:
+                write_json_atomic(layout.stack_path(self.rec.evidence_dir, self.rec.pid), dump.to_json())
+            except OSError:
+                pass
 
-    def dump(self, token: str) -> Optional[dict]:
+    def dump(self, token: str) -> Optional[StackDump]:
         """Answer a dump request once: flush open evidence, then the main thread's stack."""
-        if not token or token == self._last_request:
+        if not token or token == self._last_token:
             return None
-        self._last_request = token
+        self._last_token = token
+        progress = self.rec.progress  # writing evidence on request is not the rank making progress
         for callback in self.rec.on_dump:
             try:
                 callback()
             except Exception as exc:  # evidence is best effort; the stack matters most
-                self.rec.emit("probe_error", probe="dump", error=repr(exc))
-        return {"token": token, "t": time.time(), **self.rec.heartbeat(), "stack": main_thread_stack()}
+                self.rec.probe_failed("watchdog", exc, target="dump")
+        self.rec.progress = progress
+        return StackDump(token=token, heartbeat=self.rec.heartbeat(), stack=main_thread_stack())
 
     def stop(self) -> None:
         """Stop beating, after one last heartbeat that carries the final state."""

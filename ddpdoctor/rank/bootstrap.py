@@ -1,0 +1,105 @@
+"""Entry point of every rank process: install the probes, then run the user's script unchanged.
+
+``python .../ddpdoctor/rank/bootstrap.py SCRIPT [ARGS...]`` is what torchrun starts in place of the
+script. The script sees its own ``sys.argv`` and runs as ``__main__``; its exit status, output and
+exceptions pass through, its tracebacks without ddpdoctor's frames.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+if __name__ == "__main__" and sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+    sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
+
+from typing import Any, Callable, Optional  # noqa: E402
+
+from ddpdoctor.rank import callsite, probes, tracebacks  # noqa: E402
+from ddpdoctor.rank.recorder import Recorder  # noqa: E402
+from ddpdoctor.rank.watchdog import Watchdog  # noqa: E402
+from ddpdoctor.schema import settings as rank_settings  # noqa: E402
+from ddpdoctor.schema.events import Exit, ExceptionEvent, SysExit  # noqa: E402
+
+
+class Session:
+    """Probes, recorder and watchdog of one rank process."""
+
+    def __init__(self) -> None:
+        config = rank_settings.RankSettings.from_env()
+        self.rec = Recorder(config)
+        self.finish_probes = probes.install(self.rec)
+        self.watchdog = Watchdog(self.rec, interval_s=config.heartbeat_s)
+        self.watchdog.start()
+
+    def record_exception(self, exc: BaseException) -> None:
+        frames = callsite.traceback_user_frames(exc.__traceback__, limit=12)
+        user = [f for f in frames if f["user"]]
+        self.rec.emit(ExceptionEvent(
+            type=type(exc).__name__, message=str(exc)[:4000], frames=frames,
+            location={"file": user[-1]["file"], "line": user[-1]["line"]} if user else None, epoch=self.rec.epoch))
+
+    def close(self, *, exit_code: Optional[int]) -> None:
+        try:
+            self.finish_probes()
+        except Exception as exc:
+            self.rec.probe_failed("lifecycle", exc, target="finish")
+        self.rec.emit(Exit(code=exit_code))
+        self.rec.set_activity("exited")
+        self.watchdog.stop()
+        self.rec.close()
+
+
+def exit_code_of(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def run_recorded(target: Callable[[], Any]) -> Any:
+    """Run ``target`` under probes, recording how it ended, and re-raise whatever it raised."""
+    session = Session()
+    try:
+        result = target()
+    except SystemExit as exc:
+        code = exit_code_of(exc)
+        if code != 0:
+            session.rec.emit(SysExit(code=code, location=_raise_site(exc)))
+        session.close(exit_code=code)
+        raise
+    except BaseException as exc:
+        session.record_exception(exc)
+        session.close(exit_code=1)
+        raise
+    session.close(exit_code=0)
+    return result
+
+
+def _raise_site(exc: BaseException) -> Optional[dict]:
+    user = [f for f in callsite.traceback_user_frames(exc.__traceback__) if f["user"]]
+    return {"file": user[-1]["file"], "line": user[-1]["line"]} if user else None
+
+
+def run_script(script: str, args: list[str]) -> None:
+    script = os.path.abspath(script)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` would
+    os.environ[rank_settings.SCRIPT] = script
+    run_recorded(lambda: runpy.run_path(script, run_name="__main__"))
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit("usage: python bootstrap.py SCRIPT [ARGS...]")
+    try:
+        run_script(sys.argv[1], sys.argv[2:])
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as exc:  # what Python does with an uncaught exception, minus our frames
+        tracebacks.print_exception(exc)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

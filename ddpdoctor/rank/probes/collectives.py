@@ -1,0 +1,136 @@
+"""Probes on torch.distributed collectives: a per-rank trace with sequence numbers and call sites.
+
+Only the outermost call counts (all_gather_object calls all_gather inside), so two ranks that
+call the same user-level collectives get the same sequence numbers. The group is found however it
+was passed (``dist.barrier(group)``, ``dist.all_reduce(t, op, group)``), so subgroup collectives
+are never mistaken for world collectives. No extra communication.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import threading
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import Collective
+
+PROBE = "collectives"
+
+TRACED = (
+    "all_reduce", "broadcast", "barrier", "monitored_barrier", "all_gather", "all_gather_into_tensor",
+    "reduce", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all",
+    "all_to_all_single", "send", "recv", "isend", "irecv", "all_gather_object",
+    "broadcast_object_list", "gather_object", "scatter_object_list", "new_group",
+)
+MAX_TENSORS = 8
+
+_depth = threading.local()
+
+
+def describe_tensors(values: list) -> list:
+    """[[shape], dtype] of every tensor among ``values`` (lists of tensors included), up to 8."""
+    found: list = []
+
+    def visit(value) -> None:
+        if len(found) >= MAX_TENSORS:
+            return
+        if isinstance(value, torch.Tensor):
+            found.append([list(value.shape), str(value.dtype).replace("torch.", "")])
+        elif isinstance(value, (list, tuple)):
+            for item in value[:MAX_TENSORS]:
+                visit(item)
+
+    for value in values:
+        visit(value)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def _rank_branches(filename: str) -> tuple[tuple[int, int], ...]:
+    """Line ranges of `if` blocks whose condition mentions a rank (e.g. `if rank == 0:`)."""
+    try:
+        with open(filename, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    ranges = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "rank" in ast.unparse(node.test).lower():
+            ranges.append((node.body[0].lineno, node.end_lineno or node.body[-1].lineno))
+    return tuple(ranges)
+
+
+def in_rank_branch(site: list[dict]) -> bool:
+    """Whether any user frame of the call sits inside a rank-dependent branch."""
+    return any(lo <= frame["line"] <= hi for frame in site for lo, hi in _rank_branches(frame["file"]))
+
+
+def group_ranks(group) -> Optional[object]:
+    """None for the world group, else the group's global ranks ("unknown" if torch cannot say)."""
+    if group is None or group is dist.GroupMember.WORLD:
+        return None
+    try:
+        return dist.get_process_group_ranks(group)
+    except Exception:
+        return "unknown"
+
+
+def _binder(original: Callable) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(original)
+    except (TypeError, ValueError):
+        return None
+
+
+def install(rec: Recorder) -> None:
+    def make(op: str):
+        def wrap(original):
+            signature = _binder(original)
+
+            def record(args, kwargs) -> None:
+                arguments = dict(kwargs)
+                if signature is not None:
+                    try:
+                        arguments = signature.bind_partial(*args, **kwargs).arguments
+                    except TypeError:
+                        arguments = dict(kwargs)
+                values = [v for k, v in arguments.items() if k != "group"] if signature else list(args) + list(kwargs.values())
+                rec.collective_seq += 1
+                site = callsite.caller_site(3)
+                rec.emit(Collective(op=op, n=rec.collective_seq, tensors=describe_tensors(values),
+                                    group=group_ranks(arguments.get("group")), site=site,
+                                    rank_branch=in_rank_branch(site)))
+                where = site[0] if site else None
+                rec.last_collective = {"op": op, "n": rec.collective_seq, "site": where}
+                rec.set_activity(f"in {op} #{rec.collective_seq}", where)
+
+            def traced(*args, **kwargs):
+                if getattr(_depth, "value", 0) or not dist.is_initialized():
+                    return original(*args, **kwargs)
+                try:
+                    record(args, kwargs)
+                except Exception as exc:
+                    rec.probe_failed(PROBE, exc, target=op)
+                _depth.value = 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    _depth.value = 0
+                    rec.set_activity("training")
+
+            return traced
+
+        return wrap
+
+    for op in TRACED:
+        for owner in (c10d, dist):
+            patch(rec, PROBE, owner, op, make(op))

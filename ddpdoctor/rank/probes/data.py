@@ -1,0 +1,271 @@
+"""Probes on DataLoader iteration: which sample indices each rank consumed in each pass.
+
+Indices are taken where the loader's main process draws them from the (batch) sampler, so the
+probe sees the same thing with num_workers > 0 and with custom batch samplers. A pass ends when the
+iterator is exhausted, when the same loader starts a new pass, or when the process ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from array import array
+from typing import Any, Callable, Optional
+
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import LoaderPass, SamplerInfo
+from ddpdoctor.schema.indices import encode_indices
+
+PROBE = "data"
+HEAD_TAIL = 64  # at least this many first and last draws kept in order, to recognise wrap-around padding
+EVERY_BATCH = 20  # the first batches of a pass are written one by one: early crashes lose nothing
+PART_INTERVAL_S = 1.0
+
+
+class _Pass:
+    """One pass of this rank over one loader, written in parts as it goes."""
+
+    def __init__(self, rec: Recorder, loader: DataLoader, key: str, number: int, site: list,
+                 registry: list) -> None:
+        self.rec = rec
+        self.registry = registry
+        registry.append(self)
+        self.key = key
+        self.number = number
+        self.site = site
+        self.drawn: list[Any] = []  # sampler draws not yet written, in order (workers prefetch ahead)
+        self.num_yielded = 0  # batches the loop actually received
+        self.num_unwritten = 0  # of those, batches not yet written
+        self.part = 0
+        self.last_write = time.monotonic()
+        self.start_steps = rec.num_steps
+        self.start_ddp_forwards = ddp_probe.total_synced_forwards()
+        self.open = True
+        self.opaque = False  # the sampler yields keys other than integer positions
+        self.order = hashlib.blake2b(digest_size=8)
+        self.head: list[int] = []
+        self.sampler_info = _sampler_info(loader)
+        if self.sampler_info.distributed and self.sampler_info.epoch is not None:
+            rec.epoch = self.sampler_info.epoch
+        self.dataset = loader.dataset
+        base = _base_dataset(loader.dataset)
+        self.loader_info = {
+            "batch_size": loader.batch_size,
+            "drop_last": loader.drop_last,
+            "num_workers": loader.num_workers,
+            "dataset_len": _safe_len(loader.dataset),
+            "base_len": _safe_len(base),
+            "dataset_type": type(base).__name__,
+            "subset": base is not loader.dataset,
+            "domain": _domain_digest(loader),
+        }
+        self.keep = min(1024, max(HEAD_TAIL, 2 * (loader.batch_size or 1)))
+        self.tail: collections.deque = collections.deque(maxlen=self.keep)
+
+    def yielded(self) -> None:
+        """The loop received a batch: write a part after each of the first batches, then about
+        once a second, so a killed rank loses little."""
+        self.num_yielded += 1
+        self.num_unwritten += 1
+        if self.num_yielded <= EVERY_BATCH or time.monotonic() - self.last_write >= PART_INTERVAL_S:
+            self.write()
+
+    def finish(self, *, complete: bool) -> None:
+        if not self.open:
+            return
+        self.open = False
+        self.registry.remove(self)
+        self.write(final=True, complete=complete)
+        self.drawn = []
+
+    def write(self, *, final: bool = False, complete: bool = False) -> None:
+        """Write the batches received since the last part (a dump request calls this too)."""
+        with self.rec.guard(PROBE, "loader pass"):
+            fresh = self.drawn[: self.num_unwritten]
+            if not fresh and not final and self.part:
+                return
+            del self.drawn[: self.num_unwritten]
+            self.num_unwritten = 0
+            flat = None if self.opaque else _flatten(fresh)
+            if flat is None:
+                self.opaque = True
+            else:
+                flat = _to_base_indices(self.dataset, flat)
+                self.order.update(array("q", flat).tobytes())
+                if len(self.head) < self.keep:
+                    self.head.extend(flat[: self.keep - len(self.head)])
+                self.tail.extend(flat)
+            self.rec.emit(LoaderPass(
+                loader=self.key, number=self.number, part=self.part, final=final, complete=complete,
+                num_batches=self.num_yielded, num_samples=None if flat is None else len(flat),
+                indices=None if flat is None else encode_indices(flat),
+                order=None if self.opaque else self.order.hexdigest(),
+                head=[] if self.opaque else list(self.head), tail=[] if self.opaque else list(self.tail),
+                steps=self.rec.num_steps - self.start_steps,
+                ddp_forwards=ddp_probe.total_synced_forwards() - self.start_ddp_forwards,
+                sampler=self.sampler_info, site=self.site, **self.loader_info))
+            self.part += 1
+            self.last_write = time.monotonic()
+
+
+def _flatten(batches: list[Any]) -> Optional[list[int]]:
+    flat: list[int] = []
+    for batch in batches:
+        if isinstance(batch, int):
+            flat.append(batch)
+        elif isinstance(batch, (list, tuple)) and all(isinstance(i, int) for i in batch):
+            flat.extend(batch)
+        else:
+            return None
+    return flat
+
+
+def _base_dataset(dataset: Any) -> Any:
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset
+
+
+def _to_base_indices(dataset: Any, indices: list[int]) -> list[int]:
+    """Positions in a (nested) Subset mapped to the underlying dataset, so hand-made shards compare."""
+    while isinstance(dataset, Subset):
+        mapping = dataset.indices
+        indices = [int(mapping[i]) for i in indices]
+        dataset = dataset.dataset
+    return indices
+
+
+def _domain_digest(loader: DataLoader) -> Optional[str]:
+    """Digest of the base positions a Subset covers, once per loader: ranks sampling the same
+    Subset get the same digest, hand-made per-rank shards different ones."""
+    if not isinstance(loader.dataset, Subset):
+        return None
+    cached = loader.__dict__.get("_ddpdoctor_domain")
+    if cached is None:
+        positions = _to_base_indices(loader.dataset, list(range(len(loader.dataset))))
+        cached = hashlib.blake2b(array("q", positions).tobytes(), digest_size=8).hexdigest()
+        loader.__dict__["_ddpdoctor_domain"] = cached
+    return cached
+
+
+def _safe_len(obj: Any) -> Optional[int]:
+    try:
+        return len(obj)
+    except TypeError:
+        return None
+
+
+def _real_sampler(loader: DataLoader) -> Any:
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    return inner if inner is not None else loader.sampler
+
+
+def _sampler_info(loader: DataLoader) -> SamplerInfo:
+    sampler = _real_sampler(loader)
+    info = SamplerInfo(type=type(sampler).__name__, distributed=isinstance(sampler, DistributedSampler),
+                       batch_sampler=type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None,
+                       shuffle=type(sampler).__name__ == "RandomSampler")
+    for attr in ("num_replicas", "rank", "shuffle", "drop_last", "seed", "epoch", "num_samples", "total_size"):
+        value = getattr(sampler, attr, None)
+        if isinstance(value, (int, bool)):
+            setattr(info, attr, value)
+    return info
+
+
+def install(rec: Recorder) -> Callable[[], None]:
+    """Patch the DataLoader iterator; returns a function that closes passes still open at exit."""
+    open_passes: list[_Pass] = []
+    pass_counts: dict[str, int] = {}
+
+    def start_pass(iterator: _BaseDataLoaderIter, loader: DataLoader) -> None:
+        if getattr(loader, "_dataset_kind", 0) != 0:  # iterable datasets have no indices
+            return
+        site = loader.__dict__.get("_ddpdoctor_site") or []
+        # Keyed by where the loader was built, so a loader re-created every epoch is one loader.
+        key = f"{site[0]['file']}:{site[0]['line']}" if site else "loader"
+        for other in [p for p in open_passes if p.key == key]:
+            other.finish(complete=False)  # a new pass over the same loader ends the old one
+        number = pass_counts.get(key, 0)
+        pass_counts[key] = number + 1
+        iterator.__dict__["_ddpdoctor_pass"] = _Pass(rec, loader, key, number, site, open_passes)
+        rec.set_activity("iterating data")
+
+    def wrap_iter_init(original):
+        def __init__(self, loader, *args, **kwargs):
+            original(self, loader, *args, **kwargs)
+            with rec.guard(PROBE, "DataLoader iterator"):
+                start_pass(self, loader)
+
+        return __init__
+
+    def wrap_reset(original):
+        def _reset(self, loader, first_iter=False):
+            if first_iter:  # called from __init__, which already started the pass
+                return original(self, loader, first_iter)
+            previous = self.__dict__.get("_ddpdoctor_pass")
+            if previous is not None:  # persistent workers: the same iterator starts a new pass
+                previous.finish(complete=False)
+            original(self, loader, first_iter)
+            with rec.guard(PROBE, "DataLoader iterator"):
+                start_pass(self, loader)
+
+        return _reset
+
+    def wrap_next_index(original):
+        def _next_index(self):
+            index = original(self)
+            current = self.__dict__.get("_ddpdoctor_pass")
+            if current is not None and current.open:
+                current.drawn.append(index)
+            return index
+
+        return _next_index
+
+    def wrap_next(original):
+        def __next__(self):
+            try:
+                batch = original(self)
+            except StopIteration:
+                current = self.__dict__.get("_ddpdoctor_pass")
+                if current is not None:
+                    current.finish(complete=True)
+                raise
+            current = self.__dict__.get("_ddpdoctor_pass")
+            if current is not None and current.open:
+                current.yielded()
+            rec.progress += 1
+            return batch
+
+        return __next__
+
+    def wrap_loader_init(original):
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            with rec.guard(PROBE, "DataLoader.__init__"):
+                self.__dict__["_ddpdoctor_site"] = callsite.caller_site()
+
+        return __init__
+
+    patch(rec, PROBE, _BaseDataLoaderIter, "__init__", wrap_iter_init)
+    patch(rec, PROBE, _BaseDataLoaderIter, "_reset", wrap_reset)
+    patch(rec, PROBE, _BaseDataLoaderIter, "_next_index", wrap_next_index)
+    patch(rec, PROBE, _BaseDataLoaderIter, "__next__", wrap_next)
+    patch(rec, PROBE, DataLoader, "__init__", wrap_loader_init)
+
+    def finish_open_passes() -> None:
+        for p in list(open_passes):
+            p.finish(complete=False)
+
+    def write_open_passes() -> None:
+        for p in list(open_passes):
+            p.write()
+
+    rec.on_dump.append(write_open_passes)
+    return finish_open_passes

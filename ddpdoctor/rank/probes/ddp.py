@@ -1,0 +1,156 @@
+"""Probes on DistributedDataParallel: forwards (synced, under no_sync, bypassed), which parameters
+got a gradient in each synchronized iteration, and buffer fingerprints after DDP's broadcast.
+
+Gradient arrival is attributed per DDP module and per iteration, as DDP itself does: an iteration
+runs from a synchronized training forward to the next forward of the same module. Optimizer steps
+play no part, so two models stepped by two optimizers (a GAN, actor-critic) are judged each on
+its own backward passes.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank.fingerprint import fingerprint
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import BufferFingerprint, DDPUsage, DDPWrap
+from ddpdoctor.schema.sampling import should_fingerprint
+
+PROBE = "ddp"
+
+
+@dataclass
+class DDPState:
+    """Counters of one DDP wrapper, cumulative over the run."""
+
+    index: int
+    names: list[str]
+    buffer_names: list[str]
+    buffers: list[torch.Tensor]
+    synced_forwards: int = 0
+    unsynced_forwards: int = 0
+    inner_forwards: int = 0
+    buffer_forwards: int = 0  # training forwards of the wrapped module with sync on (DDP bypassed or not)
+    fired: set = field(default_factory=set)  # parameter indices with a gradient in the open iteration
+    iteration_open: bool = False
+    iterations: int = 0
+    unused_counts: dict[int, int] = field(default_factory=dict)
+    last_emitted_unused: Optional[frozenset] = None
+    usage_dirty: bool = False
+
+    def forward_counts(self) -> tuple[int, int, int]:
+        return self.synced_forwards, self.unsynced_forwards, self.inner_forwards
+
+    def close_iteration(self, rec: Recorder) -> None:
+        """End the open synchronized iteration; written at once when it left parameters without a
+        gradient (DDP may raise about them at the very next forward)."""
+        if not self.iteration_open:
+            return
+        self.iteration_open = False
+        if not self.fired:  # no backward ran: DDP does not mind either
+            return
+        unused = frozenset(range(len(self.names))) - self.fired
+        self.fired.clear()  # cleared in place: the gradient hooks hold this very set
+        self.iterations += 1
+        for i in unused:
+            self.unused_counts[i] = self.unused_counts.get(i, 0) + 1
+        self.usage_dirty = True
+        if unused and unused != self.last_emitted_unused:
+            self.emit_usage(rec, last_unused=sorted(unused))
+            self.last_emitted_unused = unused
+
+    def emit_usage(self, rec: Recorder, *, last_unused: list[int] = (), final: bool = False) -> None:
+        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, last_unused=list(last_unused), final=final,
+                          unused={str(i): c for i, c in sorted(self.unused_counts.items())}))
+        self.usage_dirty = False
+
+
+STATES: list[DDPState] = []
+PARAM_NAMES: dict[int, str] = {}  # id(parameter) -> name inside its DDP module
+PARAM_DDP: dict[int, int] = {}  # id(parameter) -> index of its DDP module
+
+
+def total_synced_forwards() -> int:
+    """Synchronized training forwards through any DDP module so far (a loader pass that saw none
+    does not feed DDP training)."""
+    return sum(s.synced_forwards for s in STATES)
+
+
+def install(rec: Recorder) -> Callable[[], None]:
+    def wrap_init(original):
+        def __init__(self, module, *args, **kwargs):
+            original(self, module, *args, **kwargs)
+            with rec.guard(PROBE, "DistributedDataParallel.__init__"):
+                _attach(rec, self)
+
+        return __init__
+
+    patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_init)
+
+    def flush(final: bool) -> None:
+        for state in STATES:
+            if final:
+                state.close_iteration(rec)
+            if state.iterations and (state.usage_dirty or final):
+                state.emit_usage(rec, final=final)
+
+    rec.on_dump.append(lambda: flush(final=False))
+    return lambda: flush(final=True)
+
+
+def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
+    named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
+    named_buffers = list(ddp.module.named_buffers())
+    state = DDPState(index=len(STATES), names=[n for n, _ in named], buffer_names=[n for n, _ in named_buffers],
+                     buffers=[b for _, b in named_buffers])
+    STATES.append(state)
+    for i, (name, p) in enumerate(named):
+        PARAM_NAMES[id(p)] = name if state.index == 0 else f"ddp{state.index}:{name}"
+        PARAM_DDP[id(p)] = state.index
+        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state.fired, i))
+
+    def on_ddp_forward(module, inputs):
+        rec.progress += 1
+        if not torch.is_grad_enabled():  # evaluation forwards never reduce gradients
+            return
+        with rec.guard(PROBE, "forward"):
+            state.close_iteration(rec)
+            if module.require_backward_grad_sync:
+                state.synced_forwards += 1
+                state.iteration_open = True
+            else:
+                state.unsynced_forwards += 1
+
+    def on_inner_forward(module, inputs):
+        if not torch.is_grad_enabled():
+            return
+        state.inner_forwards += 1
+        if not (ddp.training and ddp.require_backward_grad_sync):
+            return
+        state.buffer_forwards += 1
+        if state.buffers and should_fingerprint(state.buffer_forwards, rec.fingerprint_every):
+            with rec.guard(PROBE, "buffers"):
+                rec.emit(BufferFingerprint(ddp=state.index, forward=state.buffer_forwards,
+                                           fp=fingerprint(state.buffers)))
+
+    ddp.register_forward_pre_hook(on_ddp_forward)
+    ddp.module.register_forward_pre_hook(on_inner_forward)
+    rec.emit(DDPWrap(
+        ddp=state.index, params=state.names, shapes=[list(p.shape) for _, p in named], buffers=state.buffer_names,
+        find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),
+        static_graph=bool(getattr(ddp, "static_graph", False)),
+        broadcast_buffers=bool(getattr(ddp, "broadcast_buffers", True)),
+        sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
+        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3)))
+
+
+def _grad_arrived(rec: Recorder, fired: set, index: int, param: torch.Tensor) -> None:
+    fired.add(index)
+    rec.progress += 1

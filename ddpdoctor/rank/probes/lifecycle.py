@@ -1,0 +1,45 @@
+"""Probes on process-group setup and teardown: who this rank is, which backend, when it ended."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import DestroyProcessGroup, InitProcessGroup, ProcessStart
+
+PROBE = "lifecycle"
+
+
+def install(rec: Recorder) -> None:
+    def wrap_init(original):
+        def init_process_group(*args, **kwargs):
+            result = original(*args, **kwargs)
+            with rec.guard(PROBE, "init_process_group"):
+                rec.rank = dist.get_rank()
+                rec.world_size = dist.get_world_size()
+                rec.emit(InitProcessGroup(backend=str(dist.get_backend()), world_size=rec.world_size,
+                                          local_rank=rec.local_rank, node_rank=rec.node_rank, host=rec.host,
+                                          pid=rec.pid, site=callsite.caller_site()))
+            return result
+
+        return init_process_group
+
+    def wrap_destroy(original):
+        def destroy_process_group(*args, **kwargs):
+            if not args and kwargs.get("group") is None:
+                with rec.guard(PROBE, "destroy_process_group"):
+                    rec.emit(DestroyProcessGroup(site=callsite.caller_site()))
+            return original(*args, **kwargs)
+
+        return destroy_process_group
+
+    for owner in (dist, c10d):
+        patch(rec, PROBE, owner, "init_process_group", wrap_init)
+        patch(rec, PROBE, owner, "destroy_process_group", wrap_destroy)
+    rec.emit(ProcessStart(pid=os.getpid(), host=rec.host, local_rank=rec.local_rank, node_rank=rec.node_rank,
+                          world_size=rec.world_size, fingerprint_every=rec.fingerprint_every))

@@ -1,0 +1,55 @@
+"""Probes for scripts that start their own workers with torch.multiprocessing.spawn/start_processes.
+
+The worker function is wrapped in a picklable object that installs the probes in the child before
+calling it; settings reach the child through the inherited environment.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from typing import Any, Callable
+
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+
+PROBE = "spawn"
+
+
+class ProbedWorker:
+    """Picklable stand-in for the user's worker function."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        from ddpdoctor.rank import bootstrap, tracebacks
+
+        try:
+            return bootstrap.run_recorded(lambda: self.fn(*args))
+        except Exception as exc:
+            # torch's worker wrapper (_wrap) sends format_exc() to the parent: hand it the user's
+            # traceback without our frames, through the same error file, then exit as it would.
+            error_file = sys._getframe(1).f_locals.get("error_file")
+            if not isinstance(error_file, str):
+                raise
+            with open(error_file, "wb") as fh:
+                pickle.dump(tracebacks.format_exception(exc), fh)
+            sys.exit(1)
+
+
+def install(rec: Recorder) -> None:
+    import torch.multiprocessing as mp
+
+    spawn_module = sys.modules["torch.multiprocessing.spawn"]
+
+    def wrap(original):
+        def start_processes(fn, *args, **kwargs):
+            if not isinstance(fn, ProbedWorker):
+                fn = ProbedWorker(fn)
+            return original(fn, *args, **kwargs)
+
+        return start_processes
+
+    patch(rec, PROBE, spawn_module, "start_processes", wrap)
+    patch(rec, PROBE, mp, "start_processes", lambda _original: spawn_module.start_processes)

@@ -1,0 +1,103 @@
+"""The in-rank evidence writer: one JSON line per event, written as it happens.
+
+Each rank process appends to ``events-<pid>.jsonl`` in the evidence directory, line-buffered, so a
+crash, a SIGKILL or a hang loses nothing already observed. Counters here (progress, collective
+sequence, optimizer steps) also feed the heartbeat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from typing import Callable, Iterator, Optional
+
+from ddpdoctor.schema import layout
+from ddpdoctor.schema.events import Event, ProbeError
+from ddpdoctor.schema.observations import Heartbeat
+from ddpdoctor.schema.settings import RankSettings
+
+
+class Recorder:
+    """Per-process event sink and progress counters shared by all probes."""
+
+    def __init__(self, settings: RankSettings) -> None:
+        self.evidence_dir = settings.evidence_dir
+        self.fingerprint_every = max(0, settings.fingerprint_every)  # 0: the automatic schedule
+        self.pid = os.getpid()
+        self.rank: Optional[int] = _env_int("RANK")
+        self.world_size: Optional[int] = _env_int("WORLD_SIZE")
+        self.local_rank: Optional[int] = _env_int("LOCAL_RANK")
+        self.node_rank: Optional[int] = _env_int("GROUP_RANK")
+        self.agent = settings.agent
+        self.host = socket.gethostname()
+        self.progress = 0  # bumped by every probe callback; a stalled value means a stalled rank
+        self.collective_seq = 0
+        self.last_collective: Optional[dict] = None
+        self.num_steps = 0
+        self.epoch: Optional[int] = None
+        self.activity = "starting"
+        self.activity_site: Optional[dict] = None
+        self.on_dump: list[Callable[[], None]] = []  # run by the watchdog when a stack dump is requested
+        self._failed_probes: set[tuple[str, Optional[str], str]] = set()
+        self._lock = threading.Lock()
+        os.makedirs(self.evidence_dir, exist_ok=True)
+        self._file = open(layout.events_path(self.evidence_dir, self.pid), "a", buffering=1)
+
+    def emit(self, event: Event) -> None:
+        """Append one event, stamped with time, rank, step and collective sequence."""
+        event.t = time.time()
+        event.rank = self.rank
+        event.step = self.num_steps
+        event.seq = self.collective_seq
+        line = json.dumps(event.to_json(), separators=(",", ":"), default=str)
+        with self._lock:
+            self.progress += 1
+            if not self._file.closed:
+                self._file.write(line + "\n")
+
+    def probe_failed(self, probe: str, exc: BaseException, *, target: Optional[str] = None,
+                     phase: str = "run") -> None:
+        """Record a probe failure once per probe, target and error type; never raises."""
+        key = (probe, target, type(exc).__name__)
+        if key in self._failed_probes:
+            return
+        self._failed_probes.add(key)
+        try:
+            self.emit(ProbeError(probe=probe, error=f"{type(exc).__name__}: {exc}"[:500], target=target, phase=phase))
+        except Exception:  # the evidence file itself is gone: nothing more to do
+            pass
+
+    @contextlib.contextmanager
+    def guard(self, probe: str, target: Optional[str] = None) -> Iterator[None]:
+        """Run probe code: a failure is recorded, never raised into the user's script."""
+        try:
+            yield
+        except Exception as exc:
+            self.probe_failed(probe, exc, target=target)
+
+    def set_activity(self, activity: str, site: Optional[dict] = None) -> None:
+        self.activity = activity
+        self.activity_site = site
+        self.progress += 1
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(pid=self.pid, rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
+                         node_rank=self.node_rank, agent=self.agent, host=self.host, t=time.time(),
+                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=self.collective_seq,
+                         activity=self.activity, site=self.activity_site, last_collective=self.last_collective)
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def _env_int(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

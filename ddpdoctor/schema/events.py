@@ -1,0 +1,349 @@
+"""The evidence schema: every event kind a rank writes, with its fields, in one place.
+
+Probes build these objects, the recorder writes them as JSON lines, the analysis loads them back
+into the same classes, and the unit-test builders make them too, so the three cannot drift apart:
+a misspelt field is a TypeError, not a silently missing value.
+
+Every event carries the recorder's common fields: wall time ``t``, the global ``rank`` (None
+before the process group exists), ``step`` (optimizer steps this process completed) and ``seq``
+(collectives it had called), which orders events across ranks through collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Optional
+
+__all__ = [
+    "SCHEMA_VERSION", "EVENT_KINDS", "Event", "UnknownEvent", "SamplerInfo", "ProcessStart", "InitProcessGroup",
+    "DestroyProcessGroup", "DDPWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage", "LoaderPass",
+    "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
+    "ProbeError", "event_from_json",
+]
+
+SCHEMA_VERSION = 2
+
+Site = list  # innermost-first user frames: [{"file", "line", "function"}]
+Frames = list  # outermost-first frames: [{"file", "line", "function", "code", "user"}]
+Fingerprint = Optional[list]  # [sum, norm] of one tensor, None for a missing tensor
+
+
+@dataclass(kw_only=True, slots=True)
+class Event:
+    """Fields every event carries; subclasses add their own and name their ``kind``."""
+
+    kind: ClassVar[str] = ""
+    nested: ClassVar[dict[str, type]] = {}  # field -> dataclass of a nested typed value
+
+    t: float = 0.0
+    rank: Optional[int] = None
+    step: int = 0
+    seq: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            out[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+        return out
+
+
+@dataclass(kw_only=True, slots=True)
+class UnknownEvent(Event):
+    """An event of a kind this version does not know (a newer probe, a third-party plugin)."""
+
+    kind_name: str = ""
+    data: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.data, "kind": self.kind_name}
+
+
+@dataclass(kw_only=True, slots=True)
+class SamplerInfo:
+    """What a DataLoader's (batch) sampler was when a pass started."""
+
+    type: str = ""
+    distributed: bool = False
+    batch_sampler: Optional[str] = None
+    num_replicas: Optional[int] = None
+    rank: Optional[int] = None
+    shuffle: bool = False
+    drop_last: Optional[bool] = None
+    seed: Optional[int] = None
+    epoch: Optional[int] = None
+    num_samples: Optional[int] = None
+    total_size: Optional[int] = None
+
+
+# -- process lifecycle ------------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class ProcessStart(Event):
+    kind: ClassVar[str] = "process_start"
+    pid: int = 0
+    host: str = ""
+    local_rank: Optional[int] = None
+    node_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    fingerprint_every: int = 0
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(kw_only=True, slots=True)
+class InitProcessGroup(Event):
+    kind: ClassVar[str] = "init_pg"
+    backend: str = ""
+    world_size: int = 0
+    local_rank: Optional[int] = None
+    node_rank: Optional[int] = None
+    host: str = ""
+    pid: int = 0
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class DestroyProcessGroup(Event):
+    kind: ClassVar[str] = "destroy_pg"
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class ExceptionEvent(Event):
+    """The script (or a spawned worker) ended with an uncaught exception."""
+
+    kind: ClassVar[str] = "exception"
+    type: str = ""
+    message: str = ""
+    frames: Frames = field(default_factory=list)
+    location: Optional[dict] = None  # innermost user frame {file, line}
+    epoch: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class SysExit(Event):
+    kind: ClassVar[str] = "sys_exit"
+    code: int = 0
+    location: Optional[dict] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class Exit(Event):
+    kind: ClassVar[str] = "exit"
+    code: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class ProbeError(Event):
+    """A probe that failed while the script ran, or a patch that could not be applied."""
+
+    kind: ClassVar[str] = "probe_error"
+    probe: str = ""
+    error: str = ""
+    target: Optional[str] = None
+    phase: str = "run"  # "install" (the patch did not apply) or "run"
+
+
+# -- DDP and optimizers -----------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class DDPWrap(Event):
+    kind: ClassVar[str] = "ddp_wrap"
+    ddp: int = 0
+    params: list = field(default_factory=list)  # names of parameters that require grad
+    shapes: list = field(default_factory=list)
+    buffers: list = field(default_factory=list)
+    find_unused_parameters: bool = False
+    static_graph: bool = False
+    broadcast_buffers: bool = True
+    sync_batchnorm: bool = False
+    device: str = "cpu"
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class BufferFingerprint(Event):
+    """Buffers of one DDP module at a synchronized training forward (after DDP's broadcast)."""
+
+    kind: ClassVar[str] = "buffers"
+    ddp: int = 0
+    forward: int = 0
+    fp: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerInfo(Event):
+    """An optimizer's parameters, written at its first step."""
+
+    kind: ClassVar[str] = "optimizer"
+    opt: int = 0
+    type_name: str = ""
+    names: list = field(default_factory=list)
+    in_ddp: list = field(default_factory=list)  # per parameter: inside a DDP-wrapped module
+    ddp_of: list = field(default_factory=list)  # per parameter: index of its DDP module, or None
+    shapes: list = field(default_factory=list)
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class Step(Event):
+    """One optimizer step. ``grads``/``params`` are fingerprints on sampled steps only.
+
+    ``forwards``: for each DDP module owning parameters of this optimizer, the training forwards
+    since this optimizer's previous step: {"synced", "unsynced" (inside no_sync), "inner" (the
+    wrapped module's own forward, which also runs when DDP is bypassed)}.
+    """
+
+    kind: ClassVar[str] = "step"
+    opt: int = 0
+    n: int = 0
+    grads: Optional[list] = None
+    params: Optional[list] = None
+    forwards: dict = field(default_factory=dict)
+    closure: bool = False  # stepped with a closure: gradients were read after the step
+
+
+@dataclass(kw_only=True, slots=True)
+class DDPUsage(Event):
+    """Which parameters of one DDP module got no gradient, per synchronized iteration.
+
+    An iteration runs from a synchronized training forward to the next forward of the same
+    module and counts only if its backward produced a gradient. Cumulative: the last event of a
+    rank holds the totals. ``last_unused`` is the iteration that just closed (written at once
+    when it left parameters without gradient, before DDP can raise about it).
+    """
+
+    kind: ClassVar[str] = "ddp_usage"
+    ddp: int = 0
+    iterations: int = 0
+    unused: dict = field(default_factory=dict)  # str(param index) -> iterations without gradient
+    last_unused: list = field(default_factory=list)
+    final: bool = False
+
+
+# -- data -------------------------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class LoaderPass(Event):
+    """One part of one rank's pass (epoch) over one DataLoader.
+
+    A pass is written in parts as it goes (after each of its first batches, then about once a
+    second, and when it ends), so a rank that is killed loses at most a second of it. ``indices``
+    are the part's own draws, as positions in the base dataset (under any Subset); the counters,
+    ``order`` (a digest of the draw order so far) and ``tail`` are cumulative; ``head`` holds the
+    pass's first draws. ``final``: the pass ended (``complete``: the loader was exhausted).
+    ``dataset_len`` is the length of what the sampler samples, ``base_len`` of the dataset under
+    every Subset, ``domain`` a digest of the Subset's positions (None without a Subset).
+    """
+
+    kind: ClassVar[str] = "loader_pass"
+    nested: ClassVar[dict[str, type]] = {"sampler": SamplerInfo}
+    loader: str = ""
+    number: int = 0
+    part: int = 0
+    final: bool = True
+    complete: bool = False
+    num_batches: int = 0
+    num_samples: Optional[int] = None
+    indices: Optional[str] = None
+    order: Optional[str] = None
+    steps: int = 0
+    ddp_forwards: int = 0
+    sampler: SamplerInfo = field(default_factory=SamplerInfo)
+    site: Site = field(default_factory=list)
+    batch_size: Optional[int] = None
+    drop_last: bool = False
+    num_workers: int = 0
+    dataset_len: Optional[int] = None
+    base_len: Optional[int] = None
+    dataset_type: str = ""
+    subset: bool = False
+    domain: Optional[str] = None
+    head: list = field(default_factory=list)
+    tail: list = field(default_factory=list)
+
+
+# -- collectives --------------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class Collective(Event):
+    """A user-level torch.distributed call. ``group``: None for the world group, else its ranks."""
+
+    kind: ClassVar[str] = "collective"
+    op: str = ""
+    n: int = 0
+    tensors: list = field(default_factory=list)  # [[shape], dtype] of each tensor argument, up to 8
+    group: Any = None
+    site: Site = field(default_factory=list)
+    rank_branch: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class JoinEvent(Event):
+    kind: ClassVar[str] = "join"
+    phase: str = "enter"
+    site: Site = field(default_factory=list)
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class Save(Event):
+    kind: ClassVar[str] = "save"
+    path: Optional[str] = None
+    bytes: Optional[int] = None
+    seq_start: int = 0
+    seq_end: int = 0
+    fingerprint: Optional[str] = None
+    module_prefix: bool = False
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class Load(Event):
+    kind: ClassVar[str] = "load"
+    path: Optional[str] = None
+    existed: Optional[bool] = None
+    seq_start: int = 0
+    map_location: Optional[str] = None
+    site: Site = field(default_factory=list)
+    error: Optional[str] = None
+    module_prefix: bool = False
+
+
+@dataclass(kw_only=True, slots=True)
+class DistributedCheckpoint(Event):
+    kind: ClassVar[str] = "dcp"
+    op: str = ""
+    path: Optional[str] = None
+    site: Site = field(default_factory=list)
+
+
+EVENT_KINDS: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError,
+                DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective, JoinEvent, Save,
+                Load, DistributedCheckpoint)
+}
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def event_from_json(data: dict) -> Event:
+    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data."""
+    cls = EVENT_KINDS.get(data.get("kind", ""))
+    if cls is None:
+        return UnknownEvent(kind_name=str(data.get("kind")), data=data, t=float(data.get("t") or 0.0),
+                            rank=data.get("rank"))
+    names = _field_names(cls)
+    values = {k: v for k, v in data.items() if k in names}
+    for name, nested_cls in cls.nested.items():
+        if isinstance(values.get(name), dict):
+            nested_names = _field_names(nested_cls)
+            values[name] = nested_cls(**{k: v for k, v in values[name].items() if k in nested_names})
+    return cls(**values)

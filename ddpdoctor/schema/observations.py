@@ -1,0 +1,176 @@
+"""What the supervisor side observes about a running job, as typed records.
+
+Heartbeats and stack dumps travel from each rank's watchdog to the monitor (through files or the
+c10d store); the monitor's stop snapshot, torchrun's failure table and the ranks' last output
+lines go to the analysis with the evidence. Ranks are ints everywhere; JSON keys become strings
+only on the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+__all__ = ["Heartbeat", "StackDump", "RankState", "StopSnapshot", "Failure", "Observations"]
+
+
+def _known(cls: type, data: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(kw_only=True, slots=True)
+class Heartbeat:
+    """A rank's progress, written every heartbeat period by its watchdog."""
+
+    pid: int
+    rank: Optional[int] = None
+    world_size: Optional[int] = None
+    local_rank: Optional[int] = None
+    node_rank: Optional[int] = None
+    agent: Optional[int] = None
+    host: str = ""
+    t: float = 0.0
+    progress: int = 0  # bumped by every probe callback: a value that stops changing is a stall
+    steps: int = 0
+    epoch: Optional[int] = None
+    seq: int = 0
+    activity: str = "starting"
+    site: Optional[dict] = None
+    last_collective: Optional[dict] = None  # {"op", "n", "site"}: what this rank last enqueued
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Heartbeat":
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True, slots=True)
+class StackDump:
+    """The answer to a stack-dump request: the main thread's Python stack, outermost first."""
+
+    token: str
+    heartbeat: Heartbeat
+    stack: list = field(default_factory=list)  # [{"file", "line", "function", "code", "user"}]
+
+    def to_json(self) -> dict:
+        return {"token": self.token, "heartbeat": self.heartbeat.to_json(), "stack": self.stack}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StackDump":
+        return cls(token=data.get("token", ""), heartbeat=Heartbeat.from_json(data.get("heartbeat") or {"pid": 0}),
+                   stack=list(data.get("stack") or []))
+
+
+@dataclass(kw_only=True, slots=True)
+class RankState:
+    """One rank when the monitor stopped the job.
+
+    ``state``: "waiting" (in a collective or DDP's communication), "busy" (in library code that is
+    not communication: I/O, data loading, a large save), "computing" (in the user's own code),
+    "exited", or "never started".
+    """
+
+    rank: int
+    state: str
+    waiting_in: Optional[str] = None
+    stalled_s: Optional[float] = None
+    heartbeat: Optional[Heartbeat] = None
+    stack: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["heartbeat"] = self.heartbeat.to_json() if self.heartbeat else None
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RankState":
+        values = _known(cls, data)
+        if isinstance(values.get("heartbeat"), dict):
+            values["heartbeat"] = Heartbeat.from_json(values["heartbeat"])
+        return cls(**values)
+
+
+@dataclass(kw_only=True, slots=True)
+class StopSnapshot:
+    """Why and where the monitor stopped a job that had not ended by itself.
+
+    ``reason``: "hang" (ranks wait in communication and none progresses), "no-progress" (no rank
+    progressed for long, but not provably in a collective), "timeout" (--timeout), "interrupted"
+    (SIGINT/SIGTERM to ddpdoctor; ``signal`` names it).
+    """
+
+    reason: str
+    threshold_s: float
+    ranks: dict = field(default_factory=dict)  # int rank -> RankState
+    signal: Optional[str] = None
+    t: float = 0.0  # wall time of the decision: errors raised after it come from stopping the job
+
+    def to_json(self) -> dict:
+        return {"reason": self.reason, "threshold_s": self.threshold_s, "signal": self.signal, "t": self.t,
+                "ranks": {str(r): s.to_json() for r, s in sorted(self.ranks.items())}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "StopSnapshot":
+        return cls(reason=data["reason"], threshold_s=float(data.get("threshold_s") or 0.0), signal=data.get("signal"),
+                   t=float(data.get("t") or 0.0),
+                   ranks={int(r): RankState.from_json(s) for r, s in (data.get("ranks") or {}).items()})
+
+    def in_state(self, state: str) -> list[int]:
+        return sorted(r for r, s in self.ranks.items() if s.state == state)
+
+
+@dataclass(kw_only=True, slots=True)
+class Failure:
+    """One row of torchrun's failure table (or an exit code reported by a rank's own supervisor)."""
+
+    rank: int
+    exitcode: int = 0
+    signal: Optional[str] = None
+    local_rank: Optional[int] = None
+    pid: Optional[int] = None
+    t: float = 0.0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Failure":
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True)
+class Observations:
+    """Everything the supervisor side knows about the run besides the ranks' own events."""
+
+    outcome: str = "completed"  # completed | failed | hung | timeout
+    world_size: int = 0
+    nnodes: int = 1
+    launch_mode: str = "torchrun"
+    failures: list = field(default_factory=list)  # [Failure]
+    stop: Optional[StopSnapshot] = None
+    timeout_s: Optional[float] = None
+    output_tails: dict = field(default_factory=dict)  # int rank -> last lines of its output
+    missing_ranks: list = field(default_factory=list)
+    stalls: list = field(default_factory=list)  # [StopSnapshot]: no-progress episodes that resolved
+
+    def to_json(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
+                "launch_mode": self.launch_mode, "failures": [f.to_json() for f in self.failures],
+                "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
+                "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
+                "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Observations":
+        return cls(outcome=data.get("outcome", "completed"), world_size=int(data.get("world_size") or 0),
+                   nnodes=int(data.get("nnodes") or 1), launch_mode=data.get("launch_mode", "torchrun"),
+                   failures=[Failure.from_json(f) for f in data.get("failures") or []],
+                   stop=StopSnapshot.from_json(data["stop"]) if data.get("stop") else None,
+                   timeout_s=data.get("timeout_s"),
+                   output_tails={int(r): list(v) for r, v in (data.get("output_tails") or {}).items()},
+                   missing_ranks=list(data.get("missing_ranks") or []),
+                   stalls=[StopSnapshot.from_json(s) for s in data.get("stalls") or []])

@@ -1,0 +1,23 @@
+"""Names of the in-rank probes and the checks that rely on each, so a probe that failed makes the
+report say which checks it left incomplete."""
+
+from __future__ import annotations
+
+ALL_CHECKS = "*"
+
+PROBE_CHECKS: dict[str, tuple[str, ...]] = {
+    "lifecycle": (ALL_CHECKS,),
+    "ddp": ("gradient-sync", "buffer-sync", "unused-parameters", "uneven-inputs", "sampler-disjoint"),
+    "optimizer": ("gradient-sync", "unused-parameters", "uneven-inputs"),
+    "collectives": ("collective-hang", "rank0-checkpoint"),
+    "data": ("sampler-disjoint", "set-epoch", "uneven-inputs"),
+    "join": ("uneven-inputs",),
+    "spawn": (ALL_CHECKS,),
+    "checkpoint": ("rank0-checkpoint",),
+    "watchdog": ("collective-hang",),
+}
+
+
+def checks_affected(probe: str) -> tuple[str, ...]:
+    """The check ids a failure of ``probe`` leaves incomplete ("*": every check)."""
+    return PROBE_CHECKS.get(probe, (ALL_CHECKS,))

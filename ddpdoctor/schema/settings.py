@@ -1,0 +1,44 @@
+"""The settings the supervisor side passes to every rank process, through environment variables.
+
+Environment variables, not arguments, because they reach every process the user's script starts
+(torchrun workers, torch.multiprocessing.spawn children) without touching the script's argv.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+EVIDENCE_DIR = "DDPDOCTOR_EVIDENCE_DIR"
+FINGERPRINT_EVERY = "DDPDOCTOR_FINGERPRINT_EVERY"
+SCRIPT = "DDPDOCTOR_SCRIPT"
+HEARTBEAT_S = "DDPDOCTOR_HEARTBEAT_S"
+ACTIVE = "DDPDOCTOR_ACTIVE"  # set inside a job ddpdoctor runs: a nested `ddpdoctor check` is the job itself
+AGENT = "DDPDOCTOR_AGENT"  # index of the torchrun agent (simulated node) that started this rank
+
+DEFAULT_HEARTBEAT_S = 0.5
+
+
+@dataclass(frozen=True)
+class RankSettings:
+    """What a rank process reads from its environment at start-up."""
+
+    evidence_dir: str
+    fingerprint_every: int = 0
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    agent: Optional[int] = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> "RankSettings":
+        return cls(evidence_dir=env[EVIDENCE_DIR],
+                   fingerprint_every=int(env.get(FINGERPRINT_EVERY) or 0),
+                   heartbeat_s=float(env.get(HEARTBEAT_S) or DEFAULT_HEARTBEAT_S),
+                   agent=int(env[AGENT]) if env.get(AGENT) else None)
+
+    def to_env(self) -> dict[str, str]:
+        env = {EVIDENCE_DIR: self.evidence_dir, FINGERPRINT_EVERY: str(self.fingerprint_every),
+               HEARTBEAT_S: str(self.heartbeat_s), ACTIVE: "1"}
+        if self.agent is not None:
+            env[AGENT] = str(self.agent)
+        return env
