@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ddpdoctor.check_api import Location
-from ddpdoctor.compare import differs
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import Location
+from ddpdoctor.analysis.evidence import Evidence
 
 
 def fmt_ranks(ranks: Iterable[int]) -> str:
@@ -22,23 +21,10 @@ def short_site(location: Optional[Location]) -> str:
     return f"{location.file.rsplit('/', 1)[-1]}:{location.line}"
 
 
-def first_site(evidence: Evidence, kind: str, **match) -> Optional[Location]:
+def first_site(evidence: Evidence, kind: type) -> Optional[Location]:
+    """Where the first event of ``kind`` that has a call site was made."""
     for _, event in evidence.events(kind):
-        if all(event.get(k) == v for k, v in match.items()):
-            location = Location.from_site(event.get("site"))
-            if location:
-                return location
+        location = Location.from_site(getattr(event, "site", None))
+        if location:
+            return location
     return None
-
-
-def group_by_value(values: dict[int, list]) -> list[list[int]]:
-    """Ranks grouped by equal fingerprints (within tolerance), largest group first."""
-    groups: list[tuple[list, list[int]]] = []
-    for rank in sorted(values):
-        for value, members in groups:
-            if not differs(value, values[rank]):
-                members.append(rank)
-                break
-        else:
-            groups.append((values[rank], [rank]))
-    return [members for _, members in sorted(groups, key=lambda g: (-len(g[1]), g[1][0]))]

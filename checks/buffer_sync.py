@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.compare import relative_difference
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.compare import group_by_value, relative_difference
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import BufferFingerprint
 
-from ._common import fmt_ranks, group_by_value
+from ._common import fmt_ranks
 
 ID = "buffer-sync"
 
@@ -35,12 +36,12 @@ model = DDP(net)                                           # or keep broadcast_b
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    wraps = {(r, e["ddp"]): e for r, e in evidence.events("ddp_wrap")}
-    if evidence.world_size < 2 or not any(e.get("buffers") for e in wraps.values()):
+    wraps = {(r, index): e for index, per_rank in evidence.facts.ddp_wraps.items() for r, e in per_rank.items()}
+    if evidence.world_size < 2 or not any(e.buffers for e in wraps.values()):
         return CheckResult(summary="no DDP module with buffers", applicable=False)
     by_forward: dict[tuple[int, int], dict[int, list]] = {}
-    for rank, event in evidence.events("buffers"):
-        by_forward.setdefault((event["ddp"], event["forward"]), {})[rank] = event["fp"]
+    for rank, event in evidence.events(BufferFingerprint):
+        by_forward.setdefault((event.ddp, event.forward), {})[rank] = event.fp
     compared = 0
     for (ddp_index, forward), per_rank in sorted(by_forward.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         if len(per_rank) < 2:
@@ -55,11 +56,12 @@ def analyze(evidence: Evidence) -> CheckResult:
             if len(groups) == 1:
                 continue
             ref = groups[0][0]
-            wrap = wraps.get((ref, ddp_index), {})
-            name = wrap.get("buffers", [f"buffer{i}"])[i] if i < len(wrap.get("buffers", [])) else f"buffer{i}"
+            wrap = wraps.get((ref, ddp_index))
+            names = wrap.buffers if wrap else []
+            name = names[i] if i < len(names) else f"buffer{i}"
             ranks = sorted(r for g in groups for r in g)
             diff = max(relative_difference(per_rank[ref][i], per_rank[r][i]) for g in groups[1:] for r in g)
-            broadcast = wrap.get("broadcast_buffers", True)
+            broadcast = wrap.broadcast_buffers if wrap else True
             if not broadcast:
                 severity = "warning"
                 message = (f"buffer `{name}` differs across ranks from training forward {forward} on: "
@@ -72,7 +74,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                            "broadcasts buffers: something rewrites it on some ranks between DDP's broadcast and the forward")
                 fix = "Update buffers identically on every rank, or only inside the module's forward."
             finding = Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks),
-                              location=Location.from_site(wrap.get("site")),
+                              location=Location.from_site(wrap.site if wrap else None),
                               evidence={"buffer": name, "forward": forward, "broadcast_buffers": broadcast,
                                         "rank_groups": groups, "relative_difference": diff,
                                         "fingerprints": {str(r): v[i] for r, v in sorted(per_rank.items())}})

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import Mismatch
+from ddpdoctor.schema.events import Collective
+from ddpdoctor.schema.observations import StopSnapshot
 
 from ._common import fmt_ranks, short_site
 
 ID = "collective-hang"
-
-POINT_TO_POINT = {"send", "recv", "isend", "irecv"}
 
 DOCS = """\
 ## What it does
@@ -24,7 +25,13 @@ progress. It reports:
   stops the job, and says where each rank waits (op, file:line, stack), which ranks never arrived
   or already exited, and the first collective at which the ranks' traces differ;
 - **a mismatch without a hang**: at the same sequence number ranks called different collectives or
-  passed tensors of different shape or dtype (which gloo and NCCL may silently mis-reduce).
+  passed tensors of different shape or dtype (which gloo and NCCL may silently mis-reduce, or
+  raise about at once, as gloo does for an all_gather whose size differs by rank).
+
+A rank busy in code that is not communication (a large `torch.save`, a DataLoader waiting on
+slow storage, its own computation) is not hung: the job counts as hung only when every rank still
+running waits for its peers. A stall that is not provably a hang is reported as "no progress"
+with the stacks, and stops the job only after ten times the hang timeout.
 
 ## Why it matters
 A collective called by only some ranks (a barrier under `if rank == 0:`, a metric all_reduce inside
@@ -44,179 +51,175 @@ stopping so every rank acts on them together.
 """
 
 
-def _collectives(evidence: Evidence) -> dict[int, list[dict]]:
-    return {rank: [e for e in ev.of("collective") if e.get("group") is None and e.get("op") not in POINT_TO_POINT]
-            for rank, ev in evidence.ranks.items()}
+_INPUT_LAST = {"all_gather", "all_gather_into_tensor"}
 
 
-def _signature(event: dict) -> tuple:
-    tensors = event.get("tensors") or []
-    return (event.get("op"), tuple(tuple(t[0]) + (t[1],) for t in tensors[:1]))
-
-
-def _describe(event: Optional[dict]) -> str:
+def _describe(event: Optional[Collective]) -> str:
     if event is None:
         return "nothing (no collective with this number)"
-    tensors = event.get("tensors") or []
-    shape = f" of {tensors[0][1]}{tensors[0][0]}" if tensors else ""
-    return f"{event.get('op')}{shape} at {short_site(Location.from_site(event.get('site')))}"
+    tensors = event.tensors or []
+    shown = tensors[-1] if event.op in _INPUT_LAST and tensors else (tensors[0] if tensors else None)
+    shape = f" of {shown[1]}{shown[0]}" if shown else ""
+    return f"{event.op}{shape} at {short_site(Location.from_site(event.site))}"
 
 
-def first_mismatch(traces: dict[int, list[dict]], *, include_missing: bool) -> Optional[tuple[int, dict[int, Optional[dict]]]]:
-    """First sequence index where ranks' collectives differ in op or first tensor's shape/dtype."""
-    if len(traces) < 2:
-        return None
-    longest = max(len(t) for t in traces.values())
-    shortest = min(len(t) for t in traces.values())
-    for i in range(longest if include_missing else shortest):
-        at = {r: (t[i] if i < len(t) else None) for r, t in traces.items()}
-        signatures = {(_signature(e) if e else None) for e in at.values()}
-        if len(signatures) > 1:
-            return i + 1, at
-    return None
-
-
-def _waiting_in(activity: str, stack: list[dict]) -> str:
-    """What a stalled rank waits in, from its traced activity or, for DDP's own collectives, its stack."""
-    if activity.startswith("in "):
-        return activity[3:]
-    files = [f.get("file", "") for f in stack]
-    if any("torch/autograd" in f for f in files):
-        return "the backward pass (DDP's gradient all-reduce)"
-    if any(f.endswith("torch/nn/parallel/distributed.py") for f in files):
-        return "DDP's forward (buffer broadcast)"
-    if any("torch/distributed" in f for f in files):
-        return "a torch.distributed call"
-    return activity or "an unknown place"
-
-
-def _culprit(present: dict[int, dict]) -> int:
-    """The rank whose call to point at: one made inside a rank-dependent branch (`if rank == 0:`),
-    else the one that was made first."""
-    return min(present, key=lambda r: (not present[r].get("rank_branch"), present[r].get("t", 0)))
-
-
-def _rank_states(evidence: Evidence, traces: dict[int, list[dict]]) -> dict[str, dict]:
-    hang = evidence.hang or {}
+def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
+    traces = evidence.facts.world_collectives
     states: dict[str, dict] = {}
-    for key, beat in sorted(hang.get("heartbeats", {}).items(), key=lambda kv: int(kv[0])):
-        rank = int(key)
-        stack = (hang.get("stacks", {}).get(key) or {}).get("stack", [])
-        user = [f for f in stack if f.get("user")]
-        last = traces.get(rank, [])[-1:] or [None]
-        state = "exited" if rank in hang.get("exited", []) else "waiting" if stack and not stack[-1].get("user") else "running"
-        waiting_in = _waiting_in(beat.get("activity") or "", stack)
-        states[key] = {
-            "state": state,
-            "activity": beat.get("activity"),
-            "waiting_in": waiting_in,
-            "stalled_s": hang.get("stall_s", {}).get(key),
-            "steps": beat.get("steps"),
-            "last_collective": None if last[0] is None else {"n": last[0].get("n"), "op": last[0].get("op"),
-                                                             "site": (last[0].get("site") or [None])[0]},
+    for rank, state in sorted(stop.ranks.items()):
+        if state.state == "never started":
+            states[str(rank)] = {"state": "never started"}
+            continue
+        beat = state.heartbeat
+        user = [f for f in state.stack if f.get("user")]
+        last = (beat.last_collective if beat else None) or _last_traced(traces.get(rank, []))
+        states[str(rank)] = {
+            "state": state.state,
+            "waiting_in": state.waiting_in,
+            "activity": beat.activity if beat else None,
+            "stalled_s": state.stalled_s,
+            "steps": beat.steps if beat else None,
+            "last_collective": last,
             "where": user[-1] if user else None,
-            "stack": [f"{f['file']}:{f['line']} in {f['function']}" for f in stack[-8:]],
+            "stack": [f"{f['file']}:{f['line']} in {f['function']}" for f in state.stack[-8:]],
         }
-    for rank in hang.get("missing", []):
-        states[str(rank)] = {"state": "never started"}
     return states
 
 
-def _hang_finding(evidence: Evidence, traces: dict[int, list[dict]]) -> Finding:
-    hang = evidence.hang or {}
-    states = _rank_states(evidence, traces)
+def _last_traced(trace: list[Collective]) -> Optional[dict]:
+    if not trace:
+        return None
+    return {"op": trace[-1].op, "n": trace[-1].n, "site": (trace[-1].site or [None])[0]}
+
+
+def _divergence_detail(mismatch: Optional[Mismatch]) -> tuple[str, Optional[Location]]:
+    if mismatch is None:
+        return "", None
+    present = mismatch.present
+    location = Location.from_site(present[mismatch.culprit()].site)
+    parts = [f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())]
+    if mismatch.absent:
+        parts.append(f"{fmt_ranks(mismatch.absent)} never called collective #{mismatch.n}")
+    return f"; first divergence at collective #{mismatch.n}: " + ", ".join(parts), location
+
+
+def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
+    states = _rank_states(evidence, stop)
     waiting = sorted(int(r) for r, s in states.items() if s["state"] == "waiting")
     exited = sorted(int(r) for r, s in states.items() if s["state"] == "exited")
-    mismatch = first_mismatch(traces, include_missing=True)
-    location: Optional[Location] = None
-    detail = ""
-    if mismatch is not None:
-        n, at = mismatch
-        present = {r: e for r, e in at.items() if e is not None}
-        absent = sorted(r for r, e in at.items() if e is None)
-        first_rank = _culprit(present)
-        location = Location.from_site(present[first_rank].get("site"))
-        parts = [f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())]
-        if absent:
-            parts.append(f"{fmt_ranks(absent)} never called collective #{n}")
-        detail = f"; first divergence at collective #{n}: " + ", ".join(parts)
+    others = sorted(int(r) for r, s in states.items() if s["state"] in ("busy", "computing"))
+    mismatch = evidence.facts.collective_divergence
+    detail, location = _divergence_detail(mismatch)
     if location is None:
-        for r in waiting:
+        for r in waiting + others:
             where = states[str(r)].get("where")
             if where:
                 location = Location(file=where["file"], line=int(where["line"]))
                 break
-    waits = []
-    for r in waiting:
-        s = states[str(r)]
-        where = s.get("where")
-        waits.append(f"rank {r} waits in {s['waiting_in']}"
+    lines = []
+    for r in waiting + others:
+        state = states[str(r)]
+        where = state.get("where")
+        verb = "waits in" if state["state"] == "waiting" else f"is {state['state']} in"
+        lines.append(f"rank {r} {verb} {state.get('waiting_in') or 'its own code'}"
                      + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
-    message = (f"the job hung: {'; '.join(waits) or 'no rank made progress'}"
-               + (f"; {fmt_ranks(exited)} had already exited" if exited else "")
-               + detail)
+    never = sorted(int(r) for r, s in states.items() if s["state"] == "never started")
+    tail = (f"; {fmt_ranks(exited)} had already exited" if exited else "") + \
+        (f"; {fmt_ranks(never)} never started" if never else "")
+    if stop.reason == "no-progress":
+        return Finding(
+            check=ID, severity="warning", ranks=tuple(sorted(int(r) for r in states)), location=location,
+            message=(f"no rank made progress for {max((s.get('stalled_s') or 0) for s in states.values()):.0f}s "
+                     f"and the job was stopped: {'; '.join(lines) or 'no rank answered'}{tail}; not every rank waits "
+                     "in a collective, so this is not proven to be a hang"),
+            fix=("If a rank was legitimately busy (a large checkpoint, slow storage), raise --hang-timeout; otherwise "
+                 "the stacks show where each rank was stuck."),
+            evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states})
+    message = f"the job hung: {'; '.join(lines) or 'no rank made progress'}{tail}{detail}"
     return Finding(
         check=ID, severity="error", ranks=tuple(sorted(int(r) for r in states)), location=location, message=message,
         fix=("Make every rank call the same collectives in the same order: move collectives out of rank-specific "
              "branches (e.g. `if rank == 0:`), or broadcast the decision (early stop, skip) so all ranks take it."),
-        evidence={"threshold_s": hang.get("threshold_s"), "ranks": states,
-                  "first_divergence": None if mismatch is None else mismatch[0]},
+        evidence={"kind": "hang", "threshold_s": stop.threshold_s, "ranks": states,
+                  "first_divergence": None if mismatch is None else mismatch.n,
+                  "sequence": None if mismatch is None else mismatch.n},
     )
 
 
-def _orphaned_collective(evidence: Evidence, traces: dict[int, list[dict]]) -> Optional[Finding]:
-    """A rank died in a collective its peers never called (they had exited): the hang that gloo
-    turned into "Connection closed by peer" when the peers' processes ended."""
-    mismatch = first_mismatch(traces, include_missing=True)
-    if mismatch is None:
+def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
+    """A rank died in a collective its peers never called: gloo aborts on the mismatched partner
+    call, or raises "Connection closed by peer" once the peers' processes end."""
+    mismatch = evidence.facts.collective_divergence
+    if mismatch is None or not mismatch.absent:
         return None
-    n, at = mismatch
-    present = {r: e for r, e in at.items() if e is not None}
-    absent = sorted(r for r, e in at.items() if e is None)
-    failed_in_it = {r for r, e in evidence.events("exception") if r in present and e.get("seq") == n}
-    if not absent or not failed_in_it:
+    present = mismatch.present
+    failed_in_it = [f for f in evidence.facts.failures if f.rank in present and f.seq == mismatch.n]
+    if not failed_in_it:
         return None
-    culprit = _culprit(present)
+    culprit = mismatch.culprit()
+    how = "; ".join(f"rank {f.rank} {'was killed by ' + f.signal if f.signal else 'failed with ' + (f.headline or 'exit code ' + str(f.code))}"
+                    for f in failed_in_it)
     return Finding(
-        check=ID, severity="error", ranks=tuple(sorted(present) + absent),
-        location=Location.from_site(present[culprit].get("site")),
-        message=(f"{fmt_ranks(present)} called {_describe(present[culprit])} (collective #{n}) that "
-                 f"{fmt_ranks(absent)} never called; it failed when the other ranks' processes ended"),
+        check=ID, severity="error", ranks=tuple(sorted(present) + mismatch.absent),
+        location=Location.from_site(present[culprit].site),
+        message=(f"{fmt_ranks(present)} called {_describe(present[culprit])} (collective #{mismatch.n}) that "
+                 f"{fmt_ranks(mismatch.absent)} never called; then {how[:300]}"),
         fix=("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
              "decision so all ranks take it."),
-        evidence={"sequence": n, "called_by": sorted(present), "never_called_by": absent,
-                  "site": present[culprit].get("site")},
+        evidence={"kind": "orphan", "sequence": mismatch.n, "called_by": sorted(present),
+                  "never_called_by": mismatch.absent, "site": present[culprit].site},
     )
+
+
+def _mismatch_finding(mismatch: Mismatch) -> Finding:
+    present = mismatch.present
+    return Finding(
+        check=ID, severity="error", ranks=tuple(sorted(present)),
+        location=Location.from_site(present[mismatch.culprit()].site),
+        message=f"collective #{mismatch.n} differs across ranks: " + ", ".join(
+            f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())),
+        fix="Call the same collective with tensors of the same shape and dtype on every rank.",
+        evidence={"kind": "mismatch", "sequence": mismatch.n,
+                  "calls": {str(r): {"op": e.op, "tensors": e.tensors, "site": e.site}
+                            for r, e in sorted(present.items())}},
+    )
+
+
+def _stall_finding(evidence: Evidence) -> Optional[Finding]:
+    """The longest stall that resolved by itself: worth knowing, not a problem."""
+    stalls = evidence.observations.stalls
+    if not stalls:
+        return None
+    stall = max(stalls, key=lambda s: max((r.stalled_s or 0) for r in s.ranks.values()))
+    seconds = max((r.stalled_s or 0) for r in stall.ranks.values())
+    busy = [f"rank {r} {s.state} in {s.waiting_in or 'its own code'}" for r, s in sorted(stall.ranks.items())
+            if s.state in ("busy", "computing")]
+    return Finding(check=ID, severity="info", ranks=tuple(sorted(stall.ranks)), location=None,
+                   message=f"no rank made progress for {seconds:.0f}s while {'; '.join(busy) or 'ranks were busy'}; "
+                           "the job then went on (not a hang)",
+                   fix="Nothing to do; a long stall in one rank makes the others wait, which costs time.",
+                   evidence={"kind": "stall", "ranks": {str(r): {"state": s.state, "waiting_in": s.waiting_in}
+                                                        for r, s in sorted(stall.ranks.items())}})
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    traces = _collectives(evidence)
-    hang_reason = (evidence.hang or {}).get("reason")
-    if evidence.outcome == "hung" and hang_reason == "hang":
-        finding = _hang_finding(evidence, traces)
-        return CheckResult(findings=[finding], summary=f"job hung ({fmt_ranks(finding.ranks)})")
-    if evidence.world_size < 2 or not evidence.any("init_pg"):
+    stop = evidence.stop
+    if stop is not None and stop.reason in ("hang", "no-progress"):
+        finding = _hang_finding(evidence, stop)
+        verb = "job hung" if stop.reason == "hang" else "no progress"
+        return CheckResult(findings=[finding], summary=f"{verb} ({fmt_ranks(finding.ranks)})")
+    if evidence.world_size < 2 or not evidence.facts.has_process_group:
         return CheckResult(summary="no process group", applicable=False)
-    mismatch = first_mismatch(traces, include_missing=False)
+    traces = evidence.facts.world_collectives
     total = sum(len(t) for t in traces.values())
-    if mismatch is None:
-        orphan = _orphaned_collective(evidence, traces)
-        if orphan is not None:
-            return CheckResult(findings=[orphan], summary="a collective had no partner")
-        return CheckResult(summary=f"{total} collectives matched across ranks")
-    n, at = mismatch
-    present = {r: e for r, e in at.items() if e is not None}
-    first_rank = _culprit(present)
-    finding = Finding(
-        check=ID, severity="error", ranks=tuple(sorted(present)),
-        location=Location.from_site(present[first_rank].get("site")),
-        message=f"collective #{n} differs across ranks: " + ", ".join(
-            f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())),
-        fix="Call the same collective with tensors of the same shape and dtype on every rank.",
-        evidence={"sequence": n, "calls": {str(r): {"op": e.get("op"), "tensors": e.get("tensors"),
-                                                    "site": e.get("site")} for r, e in sorted(present.items())}},
-    )
-    return CheckResult(findings=[finding], summary=f"collective #{n} mismatched")
+    mismatch = evidence.facts.collective_mismatch
+    if mismatch is not None:
+        return CheckResult(findings=[_mismatch_finding(mismatch)], summary=f"collective #{mismatch.n} mismatched")
+    orphan = _orphaned_collective(evidence)
+    if orphan is not None:
+        return CheckResult(findings=[orphan], summary="a collective had no partner")
+    stall = _stall_finding(evidence)
+    return CheckResult(findings=[stall] if stall else [], summary=f"{total} collectives matched across ranks")
 
 
 CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS)

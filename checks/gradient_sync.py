@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.compare import relative_difference
-from ddpdoctor.evidence import Evidence
-from ddpdoctor.sampling import describe
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.compare import relative_difference
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import Divergence
+from ddpdoctor.schema.events import Step
+from ddpdoctor.schema.sampling import describe
 
-from ._common import fmt_ranks, group_by_value
+from ._common import fmt_ranks
 
 ID = "gradient-sync"
 
@@ -51,78 +52,43 @@ identically on every rank.
 """
 
 
-@dataclass
-class _Divergence:
-    step: int
-    optimizer: int
-    index: int
-    kind: str  # "grads" or "params"
-    groups: list[list[int]]
-    values: dict[int, list]
-    events: dict[int, dict]
-    last_identical_step: Optional[int] = None
-
-
-def first_divergence(evidence: Evidence) -> tuple[Optional[_Divergence], int]:
-    """The first (step, parameter) whose fingerprints differ across ranks, and how many steps compared."""
-    by_step: dict[tuple[int, int], dict[int, dict]] = {}
-    for rank, event in evidence.events("step"):
-        if event.get("grads") is not None:
-            by_step.setdefault((event["n"], event["opt"]), {})[rank] = event
-    num_compared = 0
-    last_identical: dict[int, int] = {}
-    for (n, opt), events in sorted(by_step.items()):
-        if len(events) < 2:
-            continue
-        num_compared += 1
-        for kind in ("grads", "params"):
-            reference = events[min(events)][kind]
-            if all(e[kind] == reference for e in events.values()):
-                continue  # bit-identical replicas, the common case: no per-parameter comparison
-            length = min(len(e[kind]) for e in events.values())
-            for i in range(length):
-                values = {r: e[kind][i] for r, e in events.items()}
-                groups = group_by_value(values)
-                if len(groups) > 1:
-                    return _Divergence(n, opt, i, kind, groups, values, events, last_identical.get(opt)), num_compared
-        last_identical[opt] = n
-    return None, num_compared
-
-
-def _param_name(evidence: Evidence, rank: int, opt: int, index: int) -> tuple[str, bool]:
-    for event in evidence.ranks[rank].of("optimizer"):
-        if event.get("opt") == opt and index < len(event.get("names", [])):
-            return event["names"][index], bool(event["in_ddp"][index])
-    return f"param{index}", False
+def _param_name(evidence: Evidence, rank: int, opt: int, index: int) -> tuple[str, bool, Optional[int]]:
+    info = evidence.facts.optimizer_info(rank, opt)
+    if info is not None and index < len(info.names):
+        ddp_of = info.ddp_of[index] if index < len(info.ddp_of) else None
+        return info.names[index], bool(info.in_ddp[index]), ddp_of
+    return f"param{index}", False, None
 
 
 def _optimizer_site(evidence: Evidence, rank: int, opt: int) -> Optional[Location]:
-    for event in evidence.ranks[rank].of("optimizer"):
-        if event.get("opt") == opt:
-            return Location.from_site(event.get("site"))
-    return None
+    info = evidence.facts.optimizer_info(rank, opt)
+    return Location.from_site(info.site) if info else None
 
 
-def _grad_case(evidence: Evidence, div: _Divergence, in_ddp: bool) -> tuple[str, str, str]:
+def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Optional[int]) -> tuple[str, str, str]:
     """(case id, explanation, fix) for gradients that differ across ranks."""
-    if not evidence.any("ddp_wrap"):
+    facts = evidence.facts
+    if not facts.ddp_wraps:
         return ("not-wrapped", "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
                 "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train through it.")
     if not in_ddp:
         return ("outside-ddp", "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
                 "Put every trained module inside the model you wrap with DistributedDataParallel.")
-    windows = [w for e in div.events.values() for w in (e.get("ddp") or {}).values()]
+    key = str(ddp_index)
+    windows = [e.forwards[key] for e in div.events.values() if key in e.forwards]
     synced = sum(w.get("synced", 0) for w in windows)
     unsynced = sum(w.get("unsynced", 0) for w in windows)
     inner = sum(w.get("inner", 0) for w in windows)
-    unused = any(w.get("unused") for w in windows)
     if synced == 0 and unsynced > 0:
         return ("step-in-no-sync", "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
                 "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, then step.")
     if inner > synced + unsynced:
         return ("ddp-bypassed", "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
                 "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.")
-    if unused and not any(e.get("find_unused_parameters") for _, e in evidence.events("ddp_wrap")):
+    wraps = facts.ddp_wraps.get(ddp_index, {})
+    tolerant = any(w.find_unused_parameters or w.static_graph for w in wraps.values())
+    unused = any(u.unused for u in facts.ddp_usage.get(ddp_index, {}).values())
+    if unused and not tolerant:
         return ("reduction-incomplete", "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
                 "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
     return ("modified-after-backward", "DDP synchronized the backward pass, but the gradients were changed afterwards on some ranks",
@@ -132,17 +98,17 @@ def _grad_case(evidence: Evidence, div: _Divergence, in_ddp: bool) -> tuple[str,
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
-    if not evidence.any("step"):
+    if not evidence.any(Step):
         return CheckResult(summary="no optimizer step observed", applicable=False)
-    div, num_compared = first_divergence(evidence)
+    div, num_compared = evidence.facts.divergence
     if num_compared == 0:
         return CheckResult(summary="no optimizer step was seen on two ranks", applicable=False)
-    every = max((e.get("fingerprint_every") or 0 for _, e in evidence.events("process_start")), default=1)
+    every = evidence.facts.fingerprint_every
     sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
     if div is None:
         return CheckResult(summary=f"replicas identical after {num_compared} compared steps{sampled}")
     rank0 = div.groups[0][0]
-    name, in_ddp = _param_name(evidence, rank0, div.optimizer, div.index)
+    name, in_ddp, ddp_index = _param_name(evidence, rank0, div.optimizer, div.index)
     odd = [r for g in div.groups[1:] for r in g]
     ranks = sorted(r for g in div.groups for r in g)
     diff = max(relative_difference(div.values[rank0], div.values[r]) for r in odd)
@@ -158,7 +124,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         "last_identical_step": div.last_identical_step,
     }
     if div.kind == "grads":
-        case, why, fix = _grad_case(evidence, div, in_ddp)
+        case, why, fix = _grad_case(evidence, div, in_ddp, ddp_index)
         message = f"gradients of `{name}` differ across ranks at optimizer step {div.step}: {why}"
     else:
         case = "params-modified"

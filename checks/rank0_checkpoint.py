@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import DistributedCheckpoint, Load, Save
 
 from ._common import fmt_ranks
-from .collective_hang import first_mismatch
 
 ID = "rank0-checkpoint"
 
@@ -49,15 +49,15 @@ state = torch.load("ckpt.pt", map_location=device)
 """
 
 
-def _loc(event: dict):
-    return Location.from_site(event.get("site"))
+def _loc(event):
+    return Location.from_site(event.site)
 
 
-def _writers(saves: list[tuple[int, dict]]) -> dict[str, dict[int, list[dict]]]:
-    by_path: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+def _writers(saves: list[tuple[int, Save]]) -> dict[str, dict[int, list[Save]]]:
+    by_path: dict[str, dict[int, list[Save]]] = defaultdict(lambda: defaultdict(list))
     for rank, event in saves:
-        if event.get("path"):
-            by_path[event["path"]][rank].append(event)
+        if event.path:
+            by_path[event.path][rank].append(event)
     return by_path
 
 
@@ -73,37 +73,37 @@ def _multi_writer(by_path) -> list[Finding]:
                 fix=("Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
                      "node), then dist.barrier() before anyone reads it."),
                 evidence={"path": path, "writes": {str(r): len(v) for r, v in sorted(per_rank.items())},
-                          "bytes": first.get("bytes")},
+                          "bytes": first.bytes},
             ))
     return findings
 
 
-def _identical_copies(saves: list[tuple[int, dict]], world_size: int, multi_paths: set[str]) -> list[Finding]:
-    nth: dict[int, dict[int, dict]] = defaultdict(dict)
+def _identical_copies(saves: list[tuple[int, Save]], world_size: int, multi_paths: set[str]) -> list[Finding]:
+    nth: dict[int, dict[int, Save]] = defaultdict(dict)
     counts: dict[int, int] = defaultdict(int)
     for rank, event in saves:
-        if event.get("path") in multi_paths:
+        if event.path in multi_paths:
             continue
         nth[counts[rank]][rank] = event
         counts[rank] += 1
     for _, per_rank in sorted(nth.items()):
-        prints = {e.get("fingerprint") for e in per_rank.values()}
-        paths = {e.get("path") for e in per_rank.values()}
+        prints = {e.fingerprint for e in per_rank.values()}
+        paths = {e.path for e in per_rank.values()}
         if len(per_rank) >= 2 and len(per_rank) == world_size and len(prints) == 1 and None not in prints \
                 and len(paths) == len(per_rank):
             first = per_rank[min(per_rank)]
             return [Finding(
                 check=ID, severity="warning", ranks=tuple(sorted(per_rank)), location=_loc(first),
                 message=(f"every rank saved its own copy of identical state ({len(per_rank)} files, e.g. "
-                         f"{first.get('path')}): {len(per_rank)}x the I/O for one checkpoint"),
+                         f"{first.path}): {len(per_rank)}x the I/O for one checkpoint"),
                 fix="Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier().",
-                evidence={"paths": {str(r): e.get("path") for r, e in sorted(per_rank.items())},
-                          "fingerprint": first.get("fingerprint")},
+                evidence={"paths": {str(r): e.path for r, e in sorted(per_rank.items())},
+                          "fingerprint": first.fingerprint},
             )]
     return []
 
 
-def _unordered_reads(by_path, loads: list[tuple[int, dict]]) -> list[Finding]:
+def _unordered_reads(by_path, loads: list[tuple[int, Load]]) -> list[Finding]:
     """A read of a file another rank writes, ordered neither after nor before that write.
 
     Collective sequence numbers give happens-before: a write that ended when its rank had made
@@ -111,38 +111,38 @@ def _unordered_reads(by_path, loads: list[tuple[int, dict]]) -> list[Finding]:
     symmetrically, a read precedes a write that starts after collective ``read + 1``.
     """
     for reader, load in loads:
-        writes = by_path.get(load.get("path") or "", {})
-        read_at = load.get("seq_start", 0)
+        writes = by_path.get(load.path or "", {})
+        read_at = load.seq_start
         for writer, events in sorted(writes.items()):
             if writer == reader:
                 continue
             for write in events:
-                read_after = read_at >= write.get("seq_end", 0) + 1
-                read_before = write.get("seq_start", 0) >= read_at + 1
-                missing = load.get("existed") is False or "FileNotFound" in (load.get("error") or "")
+                read_after = read_at >= write.seq_end + 1
+                read_before = write.seq_start >= read_at + 1
+                missing = load.existed is False or "FileNotFound" in (load.error or "")
                 if read_before or (read_after and not missing):
                     continue
                 what = ("before the file existed" if missing
                         else "with no collective between the end of that write and the read")
                 return [Finding(
                     check=ID, severity="error", ranks=(writer, reader), location=_loc(load),
-                    message=f"rank {reader} read {load['path']} that rank {writer} writes, {what}",
+                    message=f"rank {reader} read {load.path} that rank {writer} writes, {what}",
                     fix="Put a collective between the write and the reads: rank 0 saves, then `dist.barrier()` on "
                         "every rank, then load.",
-                    evidence={"path": load["path"], "writer": writer, "reader": reader,
-                              "writer_collectives_after_write": write.get("seq_end"),
+                    evidence={"path": load.path, "writer": writer, "reader": reader,
+                              "writer_collectives_after_write": write.seq_end,
                               "reader_collectives_before_read": read_at,
-                              "write_site": write.get("site"), "read_site": load.get("site")},
+                              "write_site": write.site, "read_site": load.site},
                 )]
     return []
 
 
-def _map_location(evidence: Evidence, loads: list[tuple[int, dict]]) -> list[Finding]:
-    devices = {r: str(e.get("device")) for r, e in evidence.events("ddp_wrap")}
+def _map_location(evidence: Evidence, loads: list[tuple[int, Load]]) -> list[Finding]:
+    devices = {r: str(e.device) for index, per_rank in evidence.facts.ddp_wraps.items() for r, e in per_rank.items()}
     cuda = {d for d in devices.values() if d.startswith("cuda")}
     if len(cuda) < 2:
         return []
-    bare = [(r, e) for r, e in loads if e.get("map_location") is None and not e.get("error")]
+    bare = [(r, e) for r, e in loads if e.map_location is None and not e.error]
     if not bare:
         return []
     ranks = sorted({r for r, _ in bare})
@@ -151,31 +151,30 @@ def _map_location(evidence: Evidence, loads: list[tuple[int, dict]]) -> list[Fin
         message=(f"torch.load without map_location on {fmt_ranks(ranks)} while ranks use different GPUs "
                  f"({', '.join(sorted(cuda))}): tensors land on the device they were saved from, usually cuda:0"),
         fix="Pass map_location: `torch.load(path, map_location=f'cuda:{local_rank}')` (or 'cpu').",
-        evidence={"devices": {str(r): d for r, d in sorted(devices.items())}, "path": bare[0][1].get("path")},
+        evidence={"devices": {str(r): d for r, d in sorted(devices.items())}, "path": bare[0][1].path},
     )]
 
 
-def _module_prefix(saves: list[tuple[int, dict]]) -> list[Finding]:
-    prefixed = [(r, e) for r, e in saves if e.get("module_prefix")]
+def _module_prefix(saves: list[tuple[int, Save]]) -> list[Finding]:
+    prefixed = [(r, e) for r, e in saves if e.module_prefix]
     if not prefixed:
         return []
     rank, event = prefixed[0]
     return [Finding(
         check=ID, severity="info", ranks=(rank,), location=_loc(event),
-        message=(f"state dict saved from the DDP wrapper (keys start with 'module.') to {event.get('path')}: loading "
+        message=(f"state dict saved from the DDP wrapper (keys start with 'module.') to {event.path}: loading "
                  "it into an unwrapped model needs the prefix stripped"),
         fix="Save `model.module.state_dict()`, or strip the prefix with "
             "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.').",
-        evidence={"path": event.get("path")},
+        evidence={"path": event.path},
     )]
 
 
 def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
-    traces = {r: [e for e in ev.of("collective") if e.get("group") is None] for r, ev in evidence.ranks.items()}
-    mismatch = first_mismatch(traces, include_missing=True)
+    mismatch = evidence.facts.collective_divergence
     if mismatch is None:
         return []
-    n, at = mismatch
+    n, at = mismatch.n, mismatch.calls
     for path, per_rank in by_path.items():
         if len(per_rank) != 1:
             continue
@@ -183,24 +182,24 @@ def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
         if at.get(rank) is None:
             continue
         for save in events:
-            if save.get("seq_start") in (n - 1, n):
+            if save.seq_start in (n - 1, n):
                 call = at[rank]
                 return [Finding(
                     check=ID, severity="error", ranks=(rank,), location=_loc(save),
                     message=(f"the save on rank {rank} is in a block only that rank runs, and the block calls "
-                             f"{call.get('op')} (collective #{n}) that the other ranks never match: the job hangs"),
+                             f"{call.op} (collective #{n}) that the other ranks never match: the job hangs"),
                     fix="Keep only the save under `if rank == 0:`; call barriers and other collectives on every rank, "
                         "outside that block.",
-                    evidence={"path": path, "collective": call.get("op"), "sequence": n,
-                              "collective_site": call.get("site")},
+                    evidence={"path": path, "collective": call.op, "sequence": n,
+                              "collective_site": call.site},
                 )]
     return []
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    saves = list(evidence.events("save"))
-    loads = list(evidence.events("load"))
-    dcp_calls = list(evidence.events("dcp"))
+    saves = list(evidence.events(Save))
+    loads = list(evidence.events(Load))
+    dcp_calls = list(evidence.events(DistributedCheckpoint))
     if not saves and not loads and not dcp_calls:
         return CheckResult(summary="no checkpoint saved or loaded", applicable=False)
     by_path = _writers(saves)

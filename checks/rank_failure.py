@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.evidence import Evidence
+import re
+
+from ddpdoctor.analysis.api import Check, CheckResult, Finding
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import RankFailure, is_reduction_error
 
 from ._common import fmt_ranks
 
 ID = "rank-failure"
 
-# Errors a rank raises because a peer died: symptoms, not causes.
-SECONDARY_MARKERS = (
-    "Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
-    "NCCL communicator was aborted", "Socket Timeout", "timed out", "DistBackendError",
-    "DistNetworkError", "Connection refused", "process group has been destroyed",
-)
+_DIGITS = re.compile(r"\d+")
 
 DOCS = """\
 ## What it does
@@ -24,6 +22,10 @@ When a rank raises an exception, calls `sys.exit` with a non-zero code, or dies 
 check names that rank, the exception or exit code or signal, the line in your script and the last
 optimizer step it completed. It separates the root cause from the secondary errors of its peers
 ("Connection closed by peer", collective timeouts), which are what torchrun usually shows first.
+
+Every rank raising the same exception at the same line is one cause, reported once for all of
+them. NCCL and CUDA errors are decoded into their cause (two ranks on one GPU, out of memory, a
+device-side assert...), reading NCCL's "Last error" line and the rank's own output.
 
 ## Why it matters
 In a DDP job one failing rank makes every other rank fail in a collective moments later. The logs
@@ -40,104 +42,113 @@ Fix the root cause reported here; the peers' errors go away with it.
 """
 
 
-def _is_secondary(message: str) -> bool:
-    return any(marker.lower() in message.lower() for marker in SECONDARY_MARKERS)
-
-
-def _last_step(evidence: Evidence, rank: int) -> Optional[int]:
-    ev = evidence.ranks.get(rank)
-    return max((e.get("step", 0) for e in ev.events), default=None) if ev else None
+def _last_step(evidence: Evidence, rank: Optional[int]) -> Optional[int]:
+    ev = evidence.ranks.get(rank) if rank is not None else None
+    return max((e.step for e in ev.events), default=None) if ev else None
 
 
 def _unfinished(evidence: Evidence) -> Optional[Finding]:
     """The job did not end by itself: --timeout expired or ddpdoctor was interrupted."""
-    snapshot = evidence.hang or {}
-    where = {r: {"steps": b.get("steps"), "doing": b.get("activity")} for r, b in snapshot.get("heartbeats", {}).items()}
-    steps = ", ".join(f"rank {r} at step {w['steps']}" for r, w in sorted(where.items(), key=lambda kv: int(kv[0])))
-    if evidence.outcome == "timeout":
+    stop = evidence.stop
+    if stop is None or stop.reason not in ("timeout", "interrupted"):
+        return None
+    where = {str(r): {"steps": s.heartbeat.steps if s.heartbeat else None, "doing": s.waiting_in or s.state}
+             for r, s in sorted(stop.ranks.items())}
+    steps = ", ".join(f"rank {r} at step {w['steps']}" for r, w in where.items() if w["steps"] is not None)
+    ranks = tuple(sorted(evidence.ranks))
+    if stop.reason == "timeout":
         return Finding(
-            check=ID, severity="error", ranks=tuple(sorted(evidence.ranks)), location=None,
-            message=f"the job did not finish within --timeout {evidence.timeout_s or 0:g}s and was stopped ({steps or 'no rank reported'})",
+            check=ID, severity="error", ranks=ranks, location=None,
+            message=f"the job did not finish within --timeout {evidence.observations.timeout_s or 0:g}s and was "
+                    f"stopped ({steps or 'no rank reported'})",
             fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
-            evidence={"ranks": where, "timeout_s": evidence.timeout_s})
-    if evidence.interrupted:
-        return Finding(
-            check=ID, severity="warning", ranks=tuple(sorted(evidence.ranks)), location=None,
-            message=f"ddpdoctor was interrupted ({snapshot.get('signal', 'signal')}) before the job finished; "
-                    f"the report covers the evidence gathered until then ({steps or 'no rank reported'})",
-            fix="Let the job run to the end for a complete diagnosis.",
-            evidence={"ranks": where, "signal": snapshot.get("signal")})
-    return None
+            evidence={"kind": "timeout", "ranks": where, "timeout_s": evidence.observations.timeout_s})
+    return Finding(
+        check=ID, severity="warning", ranks=ranks, location=None,
+        message=f"ddpdoctor was interrupted ({stop.signal or 'signal'}) before the job finished; "
+                f"the report covers the evidence gathered until then ({steps or 'no rank reported'})",
+        fix="Let the job run to the end for a complete diagnosis.",
+        evidence={"kind": "interrupted", "ranks": where, "signal": stop.signal})
+
+
+def _same_cause(a: RankFailure, b: RankFailure) -> bool:
+    if a.kind != b.kind or a.type != b.type:
+        return False
+    return a.location == b.location and _DIGITS.sub("#", a.headline) == _DIGITS.sub("#", b.headline)
+
+
+def _describe(failure: RankFailure, who: str) -> tuple[str, str]:
+    """(message, fix) for one failure."""
+    if failure.kind == "exception":
+        message = f"{who} raised {failure.headline}"
+        fix = "Fix this exception; the errors of the other ranks follow from it."
+        if failure.decoded is not None:
+            message = f"{who} raised {failure.type}: {failure.decoded.cause}"
+            if failure.decoded.detail:
+                message += f" (NCCL: {failure.decoded.detail})" if "nccl" in failure.decoded.code else \
+                    f" ({failure.decoded.detail})"
+            fix = failure.decoded.fix
+        return message, fix
+    if failure.kind == "exit":
+        return (f"{who} called sys.exit({failure.code})",
+                "Exit on every rank together (decide collectively, e.g. broadcast the decision), or fix the "
+                "condition that exits.")
+    if failure.kind == "signal":
+        return (f"{who} was killed by {failure.signal}",
+                "Find what killed it: the kernel OOM killer (dmesg), a cluster scheduler, or a crash in native code. "
+                "Each rank needs its own share of host memory.")
+    return f"{who} exited with code {failure.code}", "Look at this rank's output above for the cause."
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    candidates: list[dict] = []
-    for rank, event in evidence.events("exception"):
-        candidates.append({"rank": rank, "t": event["t"], "kind": "exception", "event": event,
-                           "secondary": _is_secondary(event.get("message", "")) or event.get("type") == "KeyboardInterrupt"})
-    for rank, event in evidence.events("sys_exit"):
-        candidates.append({"rank": rank, "t": event["t"], "kind": "exit", "event": event, "secondary": False})
-    for event in evidence.unranked:
-        if event.get("kind") == "exception":
-            candidates.append({"rank": None, "t": event["t"], "kind": "exception", "event": event,
-                               "secondary": _is_secondary(event.get("message", ""))})
-    explained = {c["rank"] for c in candidates}
-    if not evidence.stopped_by_ddpdoctor:
-        for failure in evidence.failures:
-            rank = failure.get("rank")
-            # torchrun stops the survivors with SIGTERM after the first failure: not a cause.
-            if rank in explained or failure.get("signal") == "SIGTERM":
-                continue
-            if not failure.get("signal") and not failure.get("exitcode"):
-                continue
-            ev = evidence.ranks.get(rank)
-            t = max((e["t"] for e in ev.events), default=0.0) if ev else 0.0
-            candidates.append({"rank": rank, "t": t, "kind": "signal" if failure.get("signal") else "exitcode",
-                               "event": failure, "secondary": False})
-    if not candidates:
+    facts = evidence.facts
+    failures = facts.failures
+    if not failures:
         unfinished = _unfinished(evidence)
         if unfinished is not None:
             return CheckResult(findings=[unfinished], summary=unfinished.message.split(":")[0])
         return CheckResult(summary="no rank failed")
-    primary = sorted([c for c in candidates if not c["secondary"]] or candidates, key=lambda c: c["t"])[0]
-    secondary = [c for c in candidates if c is not primary]
-    rank = primary["rank"]
-    event = primary["event"]
-    who = f"rank {rank}" if rank is not None else "the launcher process"
-    step = _last_step(evidence, rank) if rank is not None else None
-    location = Location.from_site(event.get("location"))
-    if primary["kind"] == "exception":
-        message = f"{who} raised {event.get('type')}: {event.get('message', '').strip().splitlines()[0][:300] if event.get('message') else ''}"
-        fix = "Fix this exception; the errors of the other ranks follow from it."
-    elif primary["kind"] == "exit":
-        message = f"{who} called sys.exit({event.get('code')})"
-        fix = "Exit on every rank together (decide collectively, e.g. broadcast the decision), or fix the condition that exits."
-    elif primary["kind"] == "signal":
-        message = f"{who} was killed by {event.get('signal')}"
-        fix = ("Find what killed it: the kernel OOM killer (dmesg), a cluster scheduler, or a crash in native code. "
-               "Each rank needs its own share of host memory.")
+    primary = facts.first_failure
+    secondary_only = primary is None
+    chosen = primary or failures[0]
+    same = [f for f in failures if f.secondary == chosen.secondary and _same_cause(f, chosen)]
+    ranks = sorted({f.rank for f in same if f.rank is not None})
+    if len(ranks) > 1:
+        who = f"every rank ({', '.join(map(str, ranks))})" if len(ranks) == evidence.world_size else fmt_ranks(ranks)
     else:
-        message = f"{who} exited with code {event.get('exitcode')}"
-        fix = "Look at this rank's output above for the cause."
-    if step is not None:
+        who = f"rank {chosen.rank}" if chosen.rank is not None else "the launcher process"
+    message, fix = _describe(chosen, who)
+    step = _last_step(evidence, chosen.rank)
+    if step:
         message += f" after optimizer step {step}"
+    elif step == 0:
+        message += " before the first optimizer step"
+    if secondary_only:
+        message += ("; this is a failure in communication after a peer stopped, and no rank reported an error "
+                    "of its own")
+        fix = "Look at what the other ranks did just before: one of them left the job early."
+    others = [f for f in failures if f not in same]
     evidence_out = {
-        "rank": rank,
-        "kind": primary["kind"],
+        "rank": chosen.rank,
+        "ranks": ranks,
+        "kind": chosen.kind,
         "last_step": step,
-        **({"exception": event.get("type"), "message": event.get("message"), "frames": event.get("frames")}
-           if primary["kind"] == "exception" else {}),
-        **({"exitcode": event.get("exitcode", event.get("code")), "signal": event.get("signal")}
-           if primary["kind"] != "exception" else {}),
-        "secondary": [{"rank": c["rank"], "kind": c["kind"],
-                       "summary": (c["event"].get("type", "") + ": " + c["event"].get("message", "")[:200]).strip(": ")
-                       if c["kind"] == "exception" else str(c["event"].get("signal") or c["event"].get("code"))}
-                      for c in secondary],
+        "seq": chosen.seq,
+        "secondary_only": secondary_only,
+        "reduction_error": any(is_reduction_error(f.message) for f in failures),
+        "failed_ranks": sorted(facts.failed_ranks),
+        **({"exception": chosen.type, "message": chosen.message, "frames": chosen.frames}
+           if chosen.kind == "exception" else {"exitcode": chosen.code, "signal": chosen.signal}),
+        **({"decoded": {"code": chosen.decoded.code, "cause": chosen.decoded.cause, "detail": chosen.decoded.detail}}
+           if chosen.decoded else {}),
+        "secondary": [{"rank": f.rank, "kind": f.kind, "summary": f.headline if f.kind == "exception"
+                       else str(f.signal or f.code)} for f in others],
     }
-    finding = Finding(check=ID, severity="error", message=message, fix=fix,
-                      ranks=(rank,) if rank is not None else (), location=location, evidence=evidence_out)
-    others = sorted({c["rank"] for c in secondary if c["rank"] is not None and c["rank"] != rank})
-    summary = f"{who} failed first" + (f"; {fmt_ranks(others)} failed after it" if others else "")
+    finding = Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks),
+                      location=chosen.location, evidence=evidence_out)
+    later = sorted({f.rank for f in others if f.rank is not None})
+    summary = f"{who} failed" + ("" if len(ranks) > 1 else " first") + \
+        (f"; {fmt_ranks(later)} failed after it" if later else "")
     return CheckResult(findings=[finding], summary=summary)
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Optional
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.evidence import Evidence
-from ddpdoctor.indices import decode_indices
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import LoaderPass, SamplerInfo
+from ddpdoctor.schema.indices import decode_indices
 
 from ._common import fmt_ranks
 
@@ -21,9 +22,15 @@ sampler or batch sampler, with any number of workers, and compares the ranks' se
 - **overlap**: samples seen by more than one rank (DataLoader with `shuffle=True` and no
   `DistributedSampler`, samplers seeded differently per rank, wrong `num_replicas`/`rank`);
 - **never seen**: samples no rank drew (e.g. `num_replicas` larger than the world size);
-- **padding duplicates**: `DistributedSampler` repeats a few samples so every rank gets the same
-  count. Harmless for training, reported as info; in an evaluation loader they are counted twice
-  in your metrics, reported as a warning.
+- **padding duplicates**: `DistributedSampler` (or any sampler that evens out the last batches by
+  wrapping around, like Accelerate's `even_batches`) repeats a few samples so every rank gets the
+  same count. Harmless for training, reported as info; in an evaluation loader they are counted
+  twice in your metrics, reported as a warning.
+
+Coverage is judged against the dataset the sampler samples (a `Subset` from `random_split`
+included). A loader that feeds only a model not trained through DDP (a rank-local reference copy)
+is not a sharding error; a loader only one rank reads (batches broadcast to the others, as
+Accelerate's `dispatch_batches` does) is not compared.
 
 ## Why it matters
 With overlapping shards each step averages gradients of the same samples N times: an N-GPU epoch
@@ -43,50 +50,81 @@ loader = DataLoader(dataset, batch_size=64, sampler=sampler)
 """
 
 
-def _expected_padding(sampler: dict, dataset_len: int, world_size: int) -> int:
-    if sampler.get("distributed") and not sampler.get("drop_last") and sampler.get("total_size"):
-        return max(0, sampler["total_size"] - dataset_len)
+def _expected_padding(sampler: SamplerInfo, dataset_len: int) -> int:
+    if sampler.distributed and not sampler.drop_last and sampler.total_size:
+        return max(0, sampler.total_size - dataset_len)
     return 0
 
 
-def _expected_unseen(sampler: dict, loader_drop_last: bool, batch_size: Optional[int], dataset_len: int,
+def _expected_unseen(sampler: SamplerInfo, loader_drop_last: bool, batch_size: Optional[int], dataset_len: int,
                      world_size: int) -> int:
     allowed = 0
-    if sampler.get("distributed") and sampler.get("drop_last") and sampler.get("num_samples"):
-        allowed += max(0, dataset_len - sampler["num_samples"] * world_size)
+    if sampler.distributed and sampler.drop_last and sampler.num_samples:
+        allowed += max(0, dataset_len - sampler.num_samples * world_size)
     if loader_drop_last and batch_size:
         allowed += world_size * (batch_size - 1)
     return allowed
 
 
-def _fix_for(sampler: dict, world_size: int) -> str:
-    if not sampler.get("distributed"):
+def _is_wraparound(events: dict[int, LoaderPass], per_rank: dict[int, set[int]], shared: list[int],
+                   world_size: int) -> bool:
+    """Padding by wrap-around, as any sampler that evens out the last batches does (DistributedSampler,
+    Accelerate's even_batches): a few extra draws, each in the last batch of some rank and repeating
+    a sample from the first batch of some rank."""
+    drawn = sum(len(s) for s in per_rank.values())
+    union = len(set().union(*per_rank.values()))
+    batch = max(e.batch_size or -(-(e.num_samples or 0) // max(e.num_batches, 1)) or 1 for e in events.values())
+    extra = drawn - union
+    if extra <= 0 or extra > world_size * batch or 2 * extra >= union:
+        return False
+    firsts = {i for e in events.values() for i in e.head[:batch]}
+    lasts = {i for e in events.values() for i in e.tail[-batch:]}
+    return all(i in firsts and i in lasts for i in shared)
+
+
+def _fix_for(sampler: SamplerInfo, world_size: int) -> str:
+    if not sampler.distributed:
         return ("Give the training DataLoader a `DistributedSampler(dataset)` (sampler=..., and no shuffle=True on "
                 "the loader), and call `sampler.set_epoch(epoch)` every epoch.")
-    if sampler.get("num_replicas") not in (None, world_size):
+    if sampler.num_replicas not in (None, world_size):
         return (f"Leave `num_replicas` and `rank` at their defaults (the process group's world size {world_size} "
                 "and rank), or pass dist.get_world_size() and dist.get_rank().")
     return "Use the same `seed` on every rank: `DistributedSampler(dataset, seed=SEED)` with SEED not depending on the rank."
 
 
-def _analyze_pass(key: tuple[str, int], events: dict[int, dict], world_size: int) -> Optional[Finding]:
-    any_event = next(iter(events.values()))
-    dataset_len = any_event.get("dataset_len")
-    sampler = any_event.get("sampler") or {}
-    is_train = any(e.get("steps", 0) > 0 for e in events.values())
-    per_rank = {r: set(decode_indices(e["indices"])) for r, e in events.items() if e.get("indices") is not None}
+def _purpose(events: dict[int, LoaderPass], ddp_job: bool) -> str:
+    """"training" when the pass fed DDP training forwards (or, in a job without DDP, optimizer steps),
+    "local" when it fed only a model not trained through DDP, else "evaluation"."""
+    if any(e.ddp_forwards > 0 for e in events.values()):
+        return "training"
+    if any(e.steps > 0 for e in events.values()):
+        return "local" if ddp_job else "training"
+    return "evaluation"
+
+
+def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_size: int, *,
+                  ddp_job: bool) -> Optional[Finding]:
+    any_event = events[min(events)]
+    purpose = _purpose(events, ddp_job)
+    if purpose == "local":  # a rank-local model (a reference copy, a probe): sharding is not DDP's concern
+        return None
+    dataset_len = any_event.dataset_len
+    sampler = any_event.sampler
+    is_train = purpose == "training"
+    per_rank = {r: set(decode_indices(e.indices)) for r, e in events.items() if e.indices is not None}
     if len(per_rank) < 2:
         return None
     counts = Counter(i for s in per_rank.values() for i in s)
     shared = sorted(i for i, c in counts.items() if c > 1)
-    location = Location.from_site(any_event.get("site"))
+    location = Location.from_site(any_event.site)
     loader_name = f"the {'training' if is_train else 'evaluation'} DataLoader"
-    base = {"loader": key[0], "pass": key[1], "sampler": sampler.get("type"), "dataset_len": dataset_len,
-            "samples_per_rank": {str(r): e.get("num_samples") for r, e in sorted(events.items())},
-            "epoch": sampler.get("epoch")}
+    base = {"loader": key[0], "pass": key[1], "sampler": sampler.type, "dataset_len": dataset_len,
+            "samples_per_rank": {str(r): e.num_samples for r, e in sorted(events.items())},
+            "epoch": sampler.epoch}
     ranks = tuple(sorted(per_rank))
-    padding = _expected_padding(sampler, dataset_len or 0, world_size)
-    if shared and len(shared) > padding:
+    padding = _expected_padding(sampler, dataset_len or 0)
+    wraparound = bool(shared) and len(shared) > padding and _is_wraparound(events, per_rank, shared, world_size)
+    if shared and len(shared) > padding and not wraparound:
         everyone_everything = all(len(s) == len(counts) for s in per_rank.values())
         evidence = {**base, "num_shared": len(shared), "shared_examples": shared[:10]}
         if not is_train and everyone_everything:
@@ -98,31 +136,32 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, dict], world_size: int
         severity = "error" if is_train else "warning"
         return Finding(check=ID, severity=severity, ranks=ranks, location=location, evidence=evidence,
                        message=(f"{len(shared)} of {dataset_len} samples of {loader_name} were drawn by more than one "
-                                f"rank in pass {key[1]} (sampler {sampler.get('type')})"),
+                                f"rank in pass {key[1]} (sampler {sampler.type})"),
                        fix=_fix_for(sampler, world_size))
     if shared:
         evidence = {**base, "num_padding_duplicates": len(shared), "padding_examples": shared[:10]}
+        who = "DistributedSampler" if sampler.distributed and not wraparound else f"the sampler ({sampler.type})"
         if is_train:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
-                           message=(f"DistributedSampler padded {loader_name} with {len(shared)} repeated samples so "
+                           message=(f"{who} padded {loader_name} with {len(shared)} repeated samples so "
                                     f"every rank gets the same count ({dataset_len} samples on {world_size} ranks)"),
-                           fix="Nothing to do for training; pass drop_last=True to the sampler to avoid the repeats.")
+                           fix="Nothing to do for training; drop_last=True on the sampler avoids the repeats.")
         return Finding(check=ID, severity="warning", ranks=ranks, location=location, evidence=evidence,
-                       message=(f"DistributedSampler padded {loader_name} with {len(shared)} repeated samples: metrics "
+                       message=(f"{who} padded {loader_name} with {len(shared)} repeated samples: metrics "
                                 "summed across ranks count them twice"),
                        fix=("Evaluate with a sampler that does not pad (e.g. split indices by hand with "
                             "torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size))) and sum the "
                             "counts with all_reduce, or make the dataset size a multiple of the world size."))
-    complete = all(e.get("complete") for e in events.values()) and len(events) == world_size
-    if complete and dataset_len:
+    same_domain = len({e.domain for e in events.values()}) == 1
+    complete = all(e.complete for e in events.values()) and len(events) == world_size
+    if complete and dataset_len and same_domain:
         unseen = dataset_len - len(counts)
-        allowed = _expected_unseen(sampler, bool(any_event.get("drop_last")), any_event.get("batch_size"),
-                                   dataset_len, world_size)
+        allowed = _expected_unseen(sampler, any_event.drop_last, any_event.batch_size, dataset_len, world_size)
         if unseen > allowed:
             severity = "error" if unseen > dataset_len // 4 else "warning"
             return Finding(check=ID, severity=severity, ranks=ranks, location=location,
                            evidence={**base, "num_unseen": unseen, "expected_unseen": allowed,
-                                     "sampler_num_replicas": sampler.get("num_replicas"), "world_size": world_size},
+                                     "sampler_num_replicas": sampler.num_replicas, "world_size": world_size},
                            message=(f"{unseen} of {dataset_len} samples of {loader_name} were drawn by no rank in "
                                     f"pass {key[1]}"),
                            fix=_fix_for(sampler, world_size))
@@ -132,17 +171,16 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, dict], world_size: int
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
-    by_pass: dict[tuple[str, int], dict[int, dict]] = {}
-    for rank, event in evidence.events("loader_pass"):
-        if event.get("num_batches", 0) > 0:
-            by_pass.setdefault((event["loader"], event["number"]), {})[rank] = event
-    comparable = {k: v for k, v in by_pass.items() if len(v) >= 2}
+    comparable = {k: {r: e for r, e in v.items() if e.num_batches > 0}
+                  for k, v in evidence.facts.loader_passes.items()}
+    comparable = {k: v for k, v in comparable.items() if len(v) >= 2}
     if not comparable:
         return CheckResult(summary="no DataLoader pass seen on two ranks", applicable=False)
+    ddp_job = bool(evidence.facts.ddp_wraps)
     first_per_loader: dict[tuple[str, str], Finding] = {}
     affected: Counter = Counter()
     for key in sorted(comparable, key=lambda k: (k[1], k[0])):
-        finding = _analyze_pass(key, comparable[key], evidence.world_size)
+        finding = _analyze_pass(key, comparable[key], evidence.world_size, ddp_job=ddp_job)
         if finding is None:
             continue
         slot = (key[0], finding.severity)

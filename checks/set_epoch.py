@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import LoaderPass
 
 from ._common import fmt_ranks
 
@@ -40,22 +41,22 @@ for epoch in range(epochs):
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    passes: dict[tuple[int, str], dict[int, dict]] = {}  # (rank, loader|dataset size) -> pass number -> event
-    for rank, event in evidence.events("loader_pass"):
-        sampler = event.get("sampler") or {}
-        # Training passes only: evaluating on the training loader within an epoch reuses its epoch legitimately.
-        if sampler.get("distributed") and sampler.get("shuffle") and event.get("steps", 0) > 0:
-            # Keyed by pass number: a pass recorded mid-way (hang snapshot) and at its end counts once.
-            passes.setdefault((rank, f"{event['loader']}|{event.get('dataset_len')}"), {})[event["number"]] = event
+    passes: dict[tuple[int, str], dict[int, LoaderPass]] = {}  # (rank, loader|dataset size) -> pass number -> event
+    for (loader, number), per_rank in evidence.facts.loader_passes.items():
+        for rank, event in per_rank.items():
+            sampler = event.sampler
+            # Training passes only: evaluating on the training loader within an epoch reuses its epoch legitimately.
+            if sampler.distributed and sampler.shuffle and event.steps > 0:
+                passes.setdefault((rank, f"{loader}|{event.dataset_len}"), {})[number] = event
     multi = {k: [v[n] for n in sorted(v)] for k, v in passes.items() if len(v) >= 2}
     if not multi:
         return CheckResult(summary="no shuffling DistributedSampler iterated twice", applicable=False)
     stale: dict[str, dict] = {}
     for (rank, loader), events in sorted(multi.items()):
-        epochs = [e["sampler"].get("epoch") for e in events]
+        epochs = [e.sampler.epoch for e in events]
         if len(set(epochs)) < len(epochs):
-            entry = stale.setdefault(loader, {"ranks": [], "epochs": epochs, "site": events[0].get("site"),
-                                              "orders": [e.get("order") for e in events]})
+            entry = stale.setdefault(loader, {"ranks": [], "epochs": epochs, "site": events[0].site,
+                                              "orders": [e.order for e in events]})
             entry["ranks"].append(rank)
     if not stale:
         return CheckResult(summary=f"{len(multi)} shuffling sampler(s) got a new epoch every pass")

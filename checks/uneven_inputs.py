@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ddpdoctor.check_api import Check, CheckResult, Finding, Location
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import JoinEvent, LoaderPass
 
 from ._common import fmt_ranks
 
@@ -41,56 +42,61 @@ or give every rank the same number of batches: `DistributedSampler` (pads to equ
 """
 
 
-def _failed_ranks(evidence: Evidence) -> set[int]:
-    failed = {r for r, _ in evidence.events("exception")} | {r for r, _ in evidence.events("sys_exit")}
-    if not evidence.stopped_by_ddpdoctor:
-        # Any death but torchrun's SIGTERM to the survivors: a signal, or a non-zero exit code.
-        failed |= {f["rank"] for f in evidence.failures
-                   if f.get("signal") != "SIGTERM" and (f.get("signal") or f.get("exitcode"))}
-    return failed
+def _cause(per_rank: dict[int, LoaderPass], counts: dict[int, int]) -> str:
+    """"data" when a rank with fewer batches exhausted its loader (its share of the data is shorter);
+    "control-flow" when the short rank left its loop early (break, early stop, a rank-only collective
+    it waits in); "unknown" without loader passes."""
+    if not per_rank:
+        return "unknown"
+    most = max(counts.values())
+    short = [r for r, c in counts.items() if c < most]
+    return "data" if any(per_rank[r].complete for r in short if r in per_rank) else "control-flow"
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    if evidence.world_size < 2 or not evidence.any("ddp_wrap"):
+    facts = evidence.facts
+    if evidence.world_size < 2 or not facts.ddp_wraps:
         return CheckResult(summary="no DDP training on several ranks", applicable=False)
-    joined = {r for r, e in evidence.events("join") if e.get("phase") == "enter"}
-    failed = _failed_ranks(evidence)
-    passes: dict[tuple[str, int], dict[int, dict]] = {}
-    for rank, event in evidence.events("loader_pass"):
-        passes.setdefault((event["loader"], event["number"]), {})[rank] = event
+    joined = {r for r, e in evidence.events(JoinEvent) if e.phase == "enter"}
+    # A rank that crashed for its own reasons stops early: rank-failure reports that. Ranks that
+    # failed only because a peer left (connection closed) may be the symptom of uneven inputs.
+    crashed = {f.rank for f in facts.failures if not f.secondary and f.rank is not None}
     uneven = []
-    for key, per_rank in sorted(passes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if len(per_rank) < 2 or not any(e.get("steps", 0) > 0 for e in per_rank.values()):
+    for key, per_rank in sorted(facts.loader_passes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if len(per_rank) < 2 or not any(e.steps > 0 or e.ddp_forwards > 0 for e in per_rank.values()):
             continue
-        if failed and not all(e.get("complete") for e in per_rank.values()):
-            continue  # a crashed rank stops early; rank-failure reports that
-        batches = {r: e.get("num_batches", 0) for r, e in per_rank.items()}
+        if crashed and not all(e.complete for e in per_rank.values()):
+            continue
+        batches = {r: e.num_batches for r, e in per_rank.items()}
         if len(set(batches.values())) > 1:
             uneven.append((key, per_rank, batches))
-    step_totals: dict[int, int] = {}
-    for rank, _ in evidence.events("step"):
-        step_totals[rank] = step_totals.get(rank, 0) + 1
-    if not uneven and len(set(step_totals.values())) > 1 and not failed and len(step_totals) == evidence.world_size:
-        uneven.append((("optimizer steps", 0), {}, step_totals))
+    step_totals = facts.step_counts
+    if not uneven and len(set(step_totals.values())) > 1 and not facts.failures \
+            and len(step_totals) == evidence.world_size:
+        uneven.append((("optimizer steps", 0), {}, dict(step_totals)))
     if not uneven:
         return CheckResult(summary="every rank ran the same number of steps")
     key, per_rank, counts = uneven[0]
     ranks = tuple(sorted(counts))
     outcome = {"hung": "then hung", "failed": "then failed", "timeout": "then ran into --timeout"}.get(
         evidence.outcome, "and the job finished anyway")
-    site = next((e.get("site") for e in per_rank.values() if e.get("site")), None)
+    site = next((e.site for e in per_rank.values() if e.site), None)
     if joined and joined >= set(counts):
         return CheckResult(summary="uneven inputs handled by Join", findings=[Finding(
             check=ID, severity="info", ranks=ranks, location=Location.from_site(site),
             message=f"ranks ran different numbers of batches ({_counts(counts)}) inside Join, which handles it",
             fix="Nothing to do.", evidence={"batches": {str(r): c for r, c in sorted(counts.items())}})])
+    cause = _cause(per_rank, counts)
     where = f"pass {key[1]} over the DataLoader" if per_rank else "the whole run"
-    message = f"ranks ran different numbers of training batches in {where} ({_counts(counts)}) {outcome}"
+    why = {"data": ": the ranks' shares of the data have different lengths",
+           "control-flow": ": some ranks left the loop early"}.get(cause, "")
+    message = f"ranks ran different numbers of training batches in {where} ({_counts(counts)}) {outcome}{why}"
     finding = Finding(
         check=ID, severity="error", ranks=ranks, location=Location.from_site(site), message=message,
         fix=("Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
              "training loop in `with torch.distributed.algorithms.join.Join([model]):`."),
-        evidence={"pass": key[1], "loader": key[0], "batches": {str(r): c for r, c in sorted(counts.items())},
+        evidence={"cause": cause, "pass": key[1], "loader": key[0],
+                  "batches": {str(r): c for r, c in sorted(counts.items())},
                   "outcome": evidence.outcome, "num_uneven_passes": len(uneven)},
     )
     return CheckResult(findings=[finding], summary=f"uneven step counts ({fmt_ranks(ranks)})")

@@ -1,8 +1,9 @@
 """The contract between ddpdoctor and a check: evidence in, findings out.
 
 A check is a :class:`Check` object exposed through the ``ddpdoctor.checks`` entry-point group.
-Its ``analyze`` must be a pure function of the :class:`~ddpdoctor.evidence.Evidence`, so it can be
-unit-tested on synthetic evidence and gives the same answer on 2 or 1024 ranks.
+Its ``analyze`` must be a pure function of the :class:`~ddpdoctor.analysis.evidence.Evidence`, so
+it can be unit-tested on synthetic evidence and gives the same answer on 2 or 1024 ranks. Derived
+facts shared by several checks are in ``evidence.facts``; checks never import each other.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 if TYPE_CHECKING:
-    from ddpdoctor.evidence import Evidence
+    from ddpdoctor.analysis.evidence import Evidence
+
+__all__ = ["Severity", "SEVERITY_ORDER", "Location", "Consequence", "Finding", "CheckResult", "Check"]
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
@@ -31,6 +34,26 @@ class Location:
             return cls(file=site["file"], line=int(site["line"]))
         return None
 
+    def to_json(self) -> dict:
+        return {"file": self.file, "line": self.line}
+
+
+@dataclass(frozen=True)
+class Consequence:
+    """A symptom explained by a root-cause finding: shown under it, never counted on its own."""
+
+    check: str
+    message: str
+    ranks: tuple[int, ...] = ()
+    location: Optional[Location] = None
+    evidence: dict = field(default_factory=dict)
+    severity: Severity = "error"  # what the check would have said on its own
+
+    def to_json(self) -> dict:
+        return {"check": self.check, "message": self.message, "ranks": sorted(self.ranks),
+                "location": self.location.to_json() if self.location else None, "evidence": self.evidence,
+                "severity": self.severity}
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -41,6 +64,11 @@ class Finding:
     ranks: tuple[int, ...] = ()
     location: Optional[Location] = None
     evidence: dict = field(default_factory=dict)
+    consequences: tuple[Consequence, ...] = ()
+
+    def as_consequence(self) -> Consequence:
+        return Consequence(check=self.check, message=self.message, ranks=self.ranks, location=self.location,
+                           evidence=self.evidence, severity=self.severity)
 
     def to_json(self) -> dict:
         return {
@@ -48,9 +76,10 @@ class Finding:
             "severity": self.severity,
             "message": self.message,
             "ranks": sorted(self.ranks),
-            "location": {"file": self.location.file, "line": self.location.line} if self.location else None,
+            "location": self.location.to_json() if self.location else None,
             "evidence": self.evidence,
             "fix": self.fix,
+            "consequences": [c.to_json() for c in self.consequences],
         }
 
 
@@ -64,14 +93,18 @@ class CheckResult:
 
     @property
     def status(self) -> str:
-        if not self.applicable:
-            return "skip"
-        severities = {f.severity for f in self.findings}
-        if "error" in severities:
-            return "fail"
-        if "warning" in severities:
-            return "warn"
-        return "pass"
+        return status_of(self.findings, applicable=self.applicable)
+
+
+def status_of(findings: list[Finding], *, applicable: bool = True) -> str:
+    if not applicable:
+        return "skip"
+    severities = {f.severity for f in findings}
+    if "error" in severities:
+        return "fail"
+    if "warning" in severities:
+        return "warn"
+    return "pass"
 
 
 @dataclass(frozen=True)

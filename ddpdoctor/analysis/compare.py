@@ -28,3 +28,16 @@ def relative_difference(a: Fingerprint, b: Fingerprint) -> float:
     if a is None or b is None:
         return float("inf")
     return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def group_by_value(values: dict[int, Fingerprint]) -> list[list[int]]:
+    """Ranks grouped by equal fingerprints (within tolerance), largest group first."""
+    groups: list[tuple[Fingerprint, list[int]]] = []
+    for rank in sorted(values):
+        for value, members in groups:
+            if not differs(value, values[rank]):
+                members.append(rank)
+                break
+        else:
+            groups.append((values[rank], [rank]))
+    return [members for _, members in sorted(groups, key=lambda g: (-len(g[1]), g[1][0]))]

@@ -1,115 +1,157 @@
-"""Evidence: every rank's events plus what the supervisor saw, loaded into one immutable view.
+"""Evidence: every rank's typed events plus what the supervisor observed, in one view.
 
-Analyzers read this and nothing else. Loading is the only I/O; everything after is pure.
+Analyzers read this and nothing else. Loading is the only I/O; everything after is pure. Derived
+facts several checks share are computed once, on first use, in ``evidence.facts``.
 """
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, TypeVar
+
+from ddpdoctor.schema import layout
+from ddpdoctor.schema.events import Event, InitProcessGroup, ProcessStart, event_from_json
+from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
+
+if TYPE_CHECKING:
+    from ddpdoctor.analysis.facts import Facts
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass
 class RankEvidence:
-    """Events of one rank process, in the order it wrote them."""
+    """Events of one rank, in the order its processes wrote them."""
 
     rank: int
-    events: list[dict] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     pid: Optional[int] = None
     host: Optional[str] = None
     node_rank: Optional[int] = None
     local_rank: Optional[int] = None
 
-    def of(self, kind: str) -> list[dict]:
-        return [e for e in self.events if e.get("kind") == kind]
+    def __post_init__(self) -> None:
+        self._by_kind: Optional[dict[type, list[Event]]] = None
 
-    def first(self, kind: str) -> Optional[dict]:
-        return next((e for e in self.events if e.get("kind") == kind), None)
+    def of(self, kind: type[E]) -> list[E]:
+        if self._by_kind is None:
+            self._by_kind = {}
+            for event in self.events:
+                self._by_kind.setdefault(type(event), []).append(event)
+        return self._by_kind.get(kind, [])  # type: ignore[return-value]
+
+    def first(self, kind: type[E]) -> Optional[E]:
+        found = self.of(kind)
+        return found[0] if found else None
+
+    def fill_identity(self) -> None:
+        for event in self.events:
+            if isinstance(event, (InitProcessGroup, ProcessStart)):
+                self.pid = event.pid or self.pid
+                self.host = event.host or self.host
+                if event.node_rank is not None:
+                    self.node_rank = event.node_rank
+                if event.local_rank is not None:
+                    self.local_rank = event.local_rank
 
 
 @dataclass
 class Evidence:
-    """All ranks' evidence and the supervisor's observations.
-
-    ``failures`` come from torchrun (rank, exitcode, signal); ``hang`` is set when the supervisor
-    stopped a stalled job and holds heartbeats and stacks per rank.
-    """
+    """All ranks' evidence and the supervisor's observations."""
 
     ranks: dict[int, RankEvidence] = field(default_factory=dict)
-    world_size: int = 0
-    nnodes: int = 1
-    outcome: str = "completed"
+    unranked: list[Event] = field(default_factory=list)  # processes that never had a rank (a spawn launcher)
+    observations: Observations = field(default_factory=Observations)
     script: Optional[str] = None
-    unranked: list[dict] = field(default_factory=list)
-    failures: list[dict] = field(default_factory=list)
-    hang: Optional[dict] = None
-    timeout_s: Optional[float] = None
-    interrupted: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.observations.world_size
+
+    @property
+    def outcome(self) -> str:
+        return self.observations.outcome
+
+    @property
+    def nnodes(self) -> int:
+        return self.observations.nnodes
+
+    @property
+    def failures(self) -> list[Failure]:
+        return self.observations.failures
+
+    @property
+    def stop(self) -> Optional[StopSnapshot]:
+        return self.observations.stop
 
     @property
     def stopped_by_ddpdoctor(self) -> bool:
         """True when ddpdoctor itself stopped the job (hang, --timeout, Ctrl-C): exits then are ours."""
-        return self.outcome in ("hung", "timeout") or self.interrupted
+        return self.stop is not None
 
-    def events(self, kind: str) -> Iterator[tuple[int, dict]]:
+    def events(self, kind: type[E]) -> Iterator[tuple[int, E]]:
         """(rank, event) for every event of ``kind``, rank by rank."""
         for rank in sorted(self.ranks):
             for event in self.ranks[rank].of(kind):
                 yield rank, event
 
-    def any(self, kind: str) -> bool:
+    def any(self, kind: type[E]) -> bool:
         return any(True for _ in self.events(kind))
 
+    @functools.cached_property
+    def facts(self) -> "Facts":
+        from ddpdoctor.analysis.facts import Facts
 
-def read_events(path: str) -> list[dict]:
-    """Events of one file; a line torn by a kill at write time is skipped."""
-    events = []
-    with open(path, errors="replace") as f:
-        for line in f:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
+        return Facts(self)
+
+    @classmethod
+    def from_processes(cls, processes: Iterable[list[Event]], *, observations: Observations,
+                       script: Optional[str] = None) -> "Evidence":
+        """Evidence from the event lists of every process (one list per process, in write order)."""
+        evidence = cls(observations=observations, script=script)
+        for events in processes:
+            rank = _rank_of(events)
+            if rank is None:
+                evidence.unranked.extend(events)
                 continue
-    return events
+            for event in events:
+                event.rank = rank
+            ev = evidence.ranks.setdefault(rank, RankEvidence(rank=rank))
+            ev.events.extend(events)
+            ev.fill_identity()
+        if not observations.world_size:
+            sizes = [e.world_size for _, e in evidence.events(InitProcessGroup) if e.world_size]
+            observations.world_size = max(sizes or [len(evidence.ranks)])
+        return evidence
 
 
-def _rank_of(events: list[dict]) -> Optional[int]:
+def _rank_of(events: list[Event]) -> Optional[int]:
     for e in events:
-        if e.get("kind") == "init_pg" and e.get("rank") is not None:
-            return int(e["rank"])
-    ranks = [e["rank"] for e in events if e.get("rank") is not None]
+        if isinstance(e, InitProcessGroup) and e.rank is not None:
+            return int(e.rank)
+    ranks = [e.rank for e in events if e.rank is not None]
     return int(ranks[-1]) if ranks else None
 
 
-def _fill_identity(ev: RankEvidence) -> None:
-    for e in ev.events:
-        if e.get("kind") in ("init_pg", "process_start"):
-            ev.pid = e.get("pid", ev.pid)
-            ev.host = e.get("host", ev.host)
-            if e.get("node_rank") is not None:
-                ev.node_rank = e["node_rank"]
-            if e.get("local_rank") is not None:
-                ev.local_rank = e["local_rank"]
-
-
-def load_dir(evidence_dir: str, **supervisor: Any) -> Evidence:
-    """Evidence of every process that wrote into ``evidence_dir``, plus the supervisor's fields."""
-    evidence = Evidence(**supervisor)
-    for path in sorted(glob.glob(os.path.join(evidence_dir, "events-*.jsonl"))):
-        events = read_events(path)
-        rank = _rank_of(events)
-        if rank is None:
-            evidence.unranked.extend(events)
+def parse_lines(lines: Iterable[str]) -> list[Event]:
+    """Typed events of one process's JSON lines; a line torn by a kill at write time is skipped."""
+    events = []
+    for line in lines:
+        try:
+            events.append(event_from_json(json.loads(line)))
+        except (json.JSONDecodeError, TypeError, ValueError):
             continue
-        for e in events:
-            e["rank"] = rank
-        ev = evidence.ranks.setdefault(rank, RankEvidence(rank=rank))
-        ev.events.extend(events)
-        _fill_identity(ev)
-    if not evidence.world_size:
-        sizes = [e.get("world_size") for _, e in evidence.events("init_pg")]
-        evidence.world_size = max([s for s in sizes if s] or [len(evidence.ranks)])
-    return evidence
+    return events
+
+
+def read_events_dir(directory: str) -> list[list[Event]]:
+    """Every process's events in ``directory`` (one ``events-<pid>.jsonl`` per process)."""
+    processes = []
+    for path in sorted(glob.glob(os.path.join(directory, layout.EVENTS_GLOB))):
+        with open(path, errors="replace") as f:
+            processes.append(parse_lines(f))
+    return processes

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Optional
 
-from ddpdoctor.check_api import Check
+from ddpdoctor.analysis.api import Check
 
 GROUP = "ddpdoctor.checks"
 

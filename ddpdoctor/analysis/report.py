@@ -1,65 +1,131 @@
-"""The report model and its JSON form (schema ``ddpdoctor.report/1``, see design.md)."""
+"""The report model and its JSON form (schema ``ddpdoctor.report/1``, see design.md).
+
+``findings`` holds root causes and independent problems only; each carries the symptoms it
+explains as ``consequences``, which never count towards the exit code.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-from ddpdoctor.analysis import CheckOutcome, all_findings
-from ddpdoctor.check_api import SEVERITY_ORDER, Finding
-from ddpdoctor.evidence import Evidence
+from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.runner import Analysis
+from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, InitProcessGroup
+
+__all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
 SCHEMA = "ddpdoctor.report/1"
 
 
+@dataclass
+class CheckStatus:
+    id: str
+    title: str
+    status: str  # pass | fail | warn | skip
+    summary: str
+    error: Optional[str] = None  # the check itself crashed
+    incomplete: list[str] = field(default_factory=list)  # probes that failed, leaving it partly blind
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"id": self.id, "title": self.title, "status": self.status, "summary": self.summary}
+        if self.error:
+            out["error"] = self.error
+        if self.incomplete:
+            out["incomplete"] = self.incomplete
+        return out
+
+
+@dataclass
+class Report:
+    """Everything ``ddpdoctor check`` concluded about one run."""
+
+    version: str
+    script: Optional[str]
+    argv: list[str]
+    world_size: int
+    nnodes: int
+    backend: str
+    device: str
+    outcome: str  # completed | failed | hung | timeout
+    duration_s: float
+    launch_mode: str
+    checks: list[CheckStatus] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    ranks: list[dict] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)
+    probe_errors: list[dict] = field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)
+    role: str = "report"  # "peer": a non-zero rank of an existing launch; rank 0 holds the report
+    peer_exit_code: int = 0
+
+    def at_or_above(self, level: str) -> list[Finding]:
+        threshold = SEVERITY_ORDER[level]
+        return [f for f in self.findings if SEVERITY_ORDER[f.severity] >= threshold]
+
+    def exit_code(self, fail_on: str = "warning") -> int:
+        """0 when no top-level finding reaches ``fail_on``, else 1 (design.md's exit-code contract)."""
+        if self.role == "peer":
+            return self.peer_exit_code
+        return 1 if self.at_or_above(fail_on) else 0
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "version": self.version,
+            "script": self.script,
+            "argv": self.argv,
+            "world_size": self.world_size,
+            "nnodes": self.nnodes,
+            "backend": self.backend,
+            "device": self.device,
+            "outcome": self.outcome,
+            "duration_s": round(self.duration_s, 3),
+            "launch_mode": self.launch_mode,
+            "evidence_schema": SCHEMA_VERSION,
+            "ranks": self.ranks,
+            "nodes": self.nodes,
+            "missing_ranks": self.missing_ranks,
+            "checks": [c.to_json() for c in self.checks],
+            "findings": [f.to_json() for f in self.findings],
+            "probe_errors": self.probe_errors,
+        }
+
+
 def _backend_and_device(evidence: Evidence) -> tuple[str, str]:
-    backends = sorted({str(e.get("backend")) for _, e in evidence.events("init_pg") if e.get("backend")})
-    devices = sorted({str(e.get("device")).split(":")[0] for _, e in evidence.events("ddp_wrap") if e.get("device")})
+    backends = sorted({e.backend for _, e in evidence.events(InitProcessGroup) if e.backend})
+    devices = sorted({e.device.split(":")[0] for _, e in evidence.events(DDPWrap) if e.device})
     return ",".join(backends) or "none", ",".join(devices) or "cpu"
 
 
-def build_report(*, version: str, script: Optional[str], argv: list[str], evidence: Evidence,
-                 outcomes: list[CheckOutcome], duration_s: float, mode: str) -> dict:
+def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script: Optional[str], argv: list[str],
+                 duration_s: float) -> Report:
     backend, device = _backend_and_device(evidence)
-    nodes = sorted({ev.node_rank for ev in evidence.ranks.values() if ev.node_rank is not None})
-    return {
-        "schema": SCHEMA,
-        "version": version,
-        "script": script,
-        "argv": argv,
-        "world_size": evidence.world_size,
-        "nnodes": evidence.nnodes,
-        "backend": backend,
-        "device": device,
-        "outcome": evidence.outcome,
-        "duration_s": round(duration_s, 3),
-        "launch_mode": mode,
-        "ranks": [
-            {"rank": r, "host": ev.host, "node": ev.node_rank, "local_rank": ev.local_rank, "pid": ev.pid}
-            for r, ev in sorted(evidence.ranks.items())
-        ],
-        "nodes": nodes,
-        "checks": [
-            {"id": o.id, "status": o.status, "summary": o.result.summary, **({"error": o.error} if o.error else {})}
-            for o in outcomes
-        ],
-        "findings": [f.to_json() for f in all_findings(outcomes)],
-    }
+    observations = evidence.observations
+    return Report(
+        version=version, script=script, argv=argv, world_size=evidence.world_size, nnodes=evidence.nnodes,
+        backend=backend, device=device, outcome=evidence.outcome, duration_s=duration_s,
+        launch_mode=observations.launch_mode,
+        checks=[CheckStatus(id=o.id, title=o.title, status=o.status, summary=o.summary, error=o.error,
+                            incomplete=o.incomplete) for o in analysis.outcomes],
+        findings=analysis.findings,
+        ranks=[{"rank": r, "host": ev.host, "node": ev.node_rank, "local_rank": ev.local_rank, "pid": ev.pid}
+               for r, ev in sorted(evidence.ranks.items())],
+        nodes=sorted({ev.node_rank for ev in evidence.ranks.values() if ev.node_rank is not None}),
+        probe_errors=analysis.probe_errors,
+        missing_ranks=observations.missing_ranks,
+    )
 
 
-def exit_code(findings: list[Finding], fail_on: str) -> int:
-    """0 when nothing reaches ``fail_on``, else 1 (design.md's exit-code contract)."""
-    threshold = SEVERITY_ORDER[fail_on]
-    return 1 if any(SEVERITY_ORDER[f.severity] >= threshold for f in findings) else 0
-
-
-def write_json(report: dict, path: str) -> None:
+def write_json(report: Report, path: str) -> None:
     """Write atomically so CI never reads a half-written report."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump(report, f, indent=2, default=str)
+        json.dump(report.to_json(), f, indent=2, default=str)
         f.write("\n")
     os.replace(tmp, path)

@@ -1,41 +1,66 @@
-"""Runs every check over the evidence; a check that crashes is reported, never fatal."""
+"""Runs every check over the evidence, then the causality pass; a check that crashes is reported,
+never fatal."""
 
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from ddpdoctor.check_api import CheckResult, Finding
-from ddpdoctor.evidence import Evidence
-from ddpdoctor.registry import LoadedCheck, load_checks
+from ddpdoctor.analysis import causality
+from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_of
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.registry import LoadedCheck, load_checks
+from ddpdoctor.schema.events import ProbeError
+from ddpdoctor.schema.probes import ALL_CHECKS, checks_affected
 
 
 @dataclass
 class CheckOutcome:
+    """One check after the causality pass: its status counts only its top-level findings."""
+
     id: str
     title: str
     result: CheckResult
-    error: Optional[str] = None
+    error: Optional[str] = None  # the check itself crashed
+    status: str = "skip"
+    summary: str = ""
+    incomplete: list[str] = field(default_factory=list)  # probes that failed, leaving this check blind
 
-    @property
-    def status(self) -> str:
-        return "skip" if self.error else self.result.status
+
+@dataclass
+class Analysis:
+    outcomes: list[CheckOutcome]
+    findings: list[Finding]  # root causes and independent problems, consequences attached
+    probe_errors: list[dict]
 
 
-def run_checks(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None) -> list[CheckOutcome]:
-    outcomes = []
-    for loaded in checks if checks is not None else load_checks():
-        if loaded.check is None:
-            outcomes.append(_crashed(loaded.id, loaded.id, f"could not load: {loaded.error}"))
-            continue
-        try:
-            result = loaded.check.analyze(evidence)
-        except Exception:
-            outcomes.append(_crashed(loaded.id, loaded.check.title, traceback.format_exc(limit=6)))
-            continue
-        outcomes.append(CheckOutcome(id=loaded.id, title=loaded.check.title, result=result))
-    return outcomes
+def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None) -> Analysis:
+    outcomes = [_run_one(loaded, evidence) for loaded in (checks if checks is not None else load_checks())]
+    raw = [f for o in outcomes for f in o.result.findings]
+    roots = causality.link(raw)
+    explained_by = {c.check: r.check for r in roots for c in r.consequences}
+    probe_errors = _probe_errors(evidence)
+    for outcome in outcomes:
+        top = [f for f in roots if f.check == outcome.id]
+        outcome.status = "skip" if outcome.error else status_of(top, applicable=outcome.result.applicable)
+        outcome.summary = outcome.result.summary
+        if outcome.result.findings and not top and outcome.id in explained_by:
+            outcome.summary += f" (a consequence of {explained_by[outcome.id]}, reported there)"
+        outcome.incomplete = [p["probe"] for p in probe_errors
+                              if ALL_CHECKS in p["checks"] or outcome.id in p["checks"]]
+    ordered = sorted(roots, key=lambda f: -SEVERITY_ORDER[f.severity])
+    return Analysis(outcomes=outcomes, findings=ordered, probe_errors=probe_errors)
+
+
+def _run_one(loaded: LoadedCheck, evidence: Evidence) -> CheckOutcome:
+    if loaded.check is None:
+        return _crashed(loaded.id, loaded.id, f"could not load: {loaded.error}")
+    try:
+        result = loaded.check.analyze(evidence)
+    except Exception:
+        return _crashed(loaded.id, loaded.check.title, traceback.format_exc(limit=6))
+    return CheckOutcome(id=loaded.id, title=loaded.check.title, result=result)
 
 
 def _crashed(check_id: str, title: str, error: str) -> CheckOutcome:
@@ -50,7 +75,15 @@ def _crashed(check_id: str, title: str, error: str) -> CheckOutcome:
     return CheckOutcome(id=check_id, title=title, result=result, error=error.strip().splitlines()[-1])
 
 
-def all_findings(outcomes: list[CheckOutcome]) -> list[Finding]:
-    order = {"error": 0, "warning": 1, "info": 2}
-    findings = [f for o in outcomes for f in o.result.findings]
-    return sorted(findings, key=lambda f: order[f.severity])
+def _probe_errors(evidence: Evidence) -> list[dict]:
+    """Probe failures, one entry per probe and error, with the ranks that saw it."""
+    merged: dict[tuple[str, str, str], dict] = {}
+    events = [*evidence.events(ProbeError), *((None, e) for e in evidence.unranked if isinstance(e, ProbeError))]
+    for rank, event in events:
+        key = (event.probe, event.target or "", event.error)
+        entry = merged.setdefault(key, {"probe": event.probe, "target": event.target, "error": event.error,
+                                        "phase": event.phase, "ranks": [],
+                                        "checks": list(checks_affected(event.probe))})
+        if rank is not None and rank not in entry["ranks"]:
+            entry["ranks"].append(rank)
+    return list(merged.values())

@@ -1,0 +1,122 @@
+"""The causality pass: one bug, one finding. A finding another one explains becomes its consequence.
+
+Each rule names a cause (a finding of one check, in some case) and the symptoms it explains. Rules
+are tried in order; a link that would close a cycle is skipped; chains are flattened, so every
+consequence hangs under its root. Consequences never reach the top level or the exit code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ddpdoctor.analysis.api import Finding
+
+__all__ = ["Rule", "RULES", "link"]
+
+Predicate = Callable[[Finding], bool]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    cause: Predicate
+    explains: Callable[[Finding, Finding], bool]  # (candidate symptom, cause) -> explained?
+
+
+def _is(check: str, *, severities: tuple[str, ...] = ("error", "warning"), **evidence) -> Predicate:
+    def predicate(finding: Finding) -> bool:
+        return (finding.check == check and finding.severity in severities
+                and all(finding.evidence.get(k) in (v if isinstance(v, (tuple, set)) else (v,))
+                        for k, v in evidence.items()))
+
+    return predicate
+
+
+def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
+    predicate = _is(check, severities=("error", "warning", "info"), **evidence)
+    return lambda finding, _cause: predicate(finding)
+
+
+def _failure_in_the_mismatched_collective(finding: Finding, cause: Finding) -> bool:
+    """A rank failed inside the collective whose calls differ (gloo raises at once on a size
+    mismatch), or only with a peer's symptom (connection closed) once the ranks diverged."""
+    if finding.check != "rank-failure":
+        return False
+    sequence = cause.evidence.get("sequence")
+    return bool(finding.evidence.get("secondary_only")) or (
+        sequence is not None and finding.evidence.get("seq") is not None and finding.evidence["seq"] >= sequence)
+
+
+def _peer_symptom(finding: Finding, _cause: Finding) -> bool:
+    return finding.check == "rank-failure" and bool(finding.evidence.get("secondary_only"))
+
+
+def _orphan_of_failed_ranks(finding: Finding, cause: Finding) -> bool:
+    """A collective that failed because the ranks that never called it had already crashed."""
+    failed = set(cause.evidence.get("failed_ranks") or [])
+    absent = set(finding.evidence.get("never_called_by") or [])
+    return finding.check == "collective-hang" and finding.evidence.get("kind") == "orphan" and bool(absent) \
+        and absent <= failed
+
+
+RULES: tuple[Rule, ...] = (
+    # DDP raised "Expected to have finished reduction": the unused parameters are the cause.
+    Rule("unused parameters crash DDP", _is("unused-parameters", severities=("error",)),
+         lambda f, _c: (f.check == "rank-failure" and bool(f.evidence.get("reduction_error")))
+         or (f.check == "gradient-sync" and f.evidence.get("case") == "reduction-incomplete")),
+    # No process group at all: independent copies of the script; what they disagree on follows.
+    Rule("never distributed", _is("not-distributed", kind="no-process-group"),
+         lambda f, _c: f.check in ("sampler-disjoint", "gradient-sync", "set-epoch", "uneven-inputs")),
+    # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
+    Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed")),
+    # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
+    Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
+         _symptom("buffer-sync", broadcast_buffers=True)),
+    # A rank ran out of data: its peer waits (hang) or fails when it leaves (connection closed).
+    Rule("a rank ran out of data", _is("uneven-inputs", severities=("error",), cause="data"),
+         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and f.evidence.get("kind") == "hang")),
+    # Ranks took different collectives: the batch counts they reached differ as a result.
+    Rule("collectives diverged", _is("collective-hang", severities=("error",)),
+         lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") == "control-flow")
+         or _failure_in_the_mismatched_collective(f, c)),
+    # A rank crashed first: its peers' failed collectives follow from it.
+    Rule("a rank crashed", _is("rank-failure", severities=("error",), secondary_only=(False, None)),
+         _orphan_of_failed_ranks),
+)
+
+
+def _root(links: dict[int, int], index: int) -> int:
+    seen = {index}
+    while index in links:
+        index = links[index]
+        if index in seen:
+            break
+        seen.add(index)
+    return index
+
+
+def link(findings: list[Finding], rules: tuple[Rule, ...] = RULES) -> list[Finding]:
+    """Top-level findings with their consequences attached; order of the roots is kept."""
+    links: dict[int, int] = {}  # symptom index -> cause index
+    for rule in rules:
+        for i, cause in enumerate(findings):
+            if not rule.cause(cause):
+                continue
+            for j, symptom in enumerate(findings):
+                if j == i or j in links or not rule.explains(symptom, cause):
+                    continue
+                if _root(links, i) == j:  # j already (indirectly) causes i: no cycles
+                    continue
+                links[j] = i
+    attached: dict[int, list[int]] = {}
+    for j in sorted(links):
+        attached.setdefault(_root(links, j), []).append(j)
+    roots = []
+    for i, finding in enumerate(findings):
+        if i in links:
+            continue
+        symptoms = [findings[j] for j in attached.get(i, [])]
+        extra = tuple(c for s in symptoms for c in (s.as_consequence(), *s.consequences))
+        roots.append(replace(finding, consequences=finding.consequences + extra) if extra else finding)
+    return roots

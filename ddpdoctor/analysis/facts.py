@@ -1,0 +1,289 @@
+"""Facts derived from the evidence once and shared by the checks, which never import each other.
+
+Each fact is computed on first use and cached on the :class:`Facts` object of one Evidence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from ddpdoctor.analysis.api import Location
+from ddpdoctor.analysis.compare import differs, group_by_value
+from ddpdoctor.analysis.decode import DecodedError, decode
+from ddpdoctor.schema.indices import decode_indices, encode_indices
+from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
+                                     OptimizerInfo, ProcessStart, Step, SysExit)
+
+if TYPE_CHECKING:
+    from ddpdoctor.analysis.evidence import Evidence
+
+POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
+# Collectives whose tensor arguments may legitimately differ by rank: only the op is compared.
+SHAPE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "new_group",
+                        "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"})
+# Collectives with a list argument only the root rank passes: only the first tensor is compared.
+ROOT_LISTS = frozenset({"gather", "scatter"})
+
+# Errors a rank raises because a peer died or stopped answering: symptoms, not causes.
+SECONDARY_MARKERS = (
+    "Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+    "NCCL communicator was aborted", "Socket Timeout", "timed out", "DistNetworkError", "Connection refused",
+    "process group has been destroyed", "ProcessGroupGloo::", "Read error", "Write error",
+)
+
+# DDP's error when a parameter got no gradient, and the rewording Lightning raises instead.
+REDUCTION_ERRORS = ("Expected to have finished reduction in the prior iteration",
+                    "has parameters that were not used in producing the loss")
+
+
+def is_reduction_error(message: str) -> bool:
+    return any(marker in message for marker in REDUCTION_ERRORS)
+
+
+def collective_signature(event: Collective) -> tuple:
+    """What must be equal across ranks at the same sequence number."""
+    if event.op in SHAPE_FREE:
+        return (event.op,)
+    tensors = event.tensors[:1] if event.op in ROOT_LISTS else event.tensors
+    return (event.op, tuple((tuple(t[0]), t[1]) for t in tensors))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """The first sequence number at which the ranks' world collectives differ (1-based)."""
+
+    n: int
+    calls: dict  # rank -> Collective, or None where the rank never made a collective with this number
+
+    @property
+    def present(self) -> dict[int, Collective]:
+        return {r: e for r, e in self.calls.items() if e is not None}
+
+    @property
+    def absent(self) -> list[int]:
+        return sorted(r for r, e in self.calls.items() if e is None)
+
+    def culprit(self) -> int:
+        """The rank whose call to point at: one made inside a rank-dependent branch (`if rank == 0:`),
+        else the one that was made first."""
+        present = self.present
+        return min(present, key=lambda r: (not present[r].rank_branch, present[r].t))
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first fingerprinted (step, parameter) at which replicas differ."""
+
+    step: int
+    optimizer: int
+    index: int
+    kind: str  # "grads" or "params"
+    groups: list
+    values: dict
+    events: dict  # rank -> Step
+    last_identical_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How one rank (or the launcher, rank None) failed."""
+
+    rank: Optional[int]
+    kind: str  # "exception" | "exit" (sys.exit) | "signal" | "exitcode"
+    t: float
+    type: str = ""
+    message: str = ""
+    location: Optional[Location] = None
+    frames: list = field(default_factory=list)
+    seq: int = 0
+    step: int = 0
+    code: Optional[int] = None
+    signal: Optional[str] = None
+    decoded: Optional[DecodedError] = None
+    secondary: bool = False
+
+    @property
+    def headline(self) -> str:
+        first = self.message.strip().splitlines()[0][:300] if self.message.strip() else ""
+        return f"{self.type}: {first}" if self.type else first
+
+
+class Facts:
+    """Derived facts of one Evidence."""
+
+    def __init__(self, evidence: "Evidence") -> None:
+        self.evidence = evidence
+
+    # -- process group, DDP, optimizers -----------------------------------------------------------
+    @functools.cached_property
+    def has_process_group(self) -> bool:
+        return self.evidence.any(InitProcessGroup)
+
+    @functools.cached_property
+    def ddp_wraps(self) -> dict[int, dict[int, DDPWrap]]:
+        """DDP module index -> rank -> its wrap event."""
+        out: dict[int, dict[int, DDPWrap]] = {}
+        for rank, event in self.evidence.events(DDPWrap):
+            out.setdefault(event.ddp, {})[rank] = event
+        return out
+
+    @functools.cached_property
+    def ddp_usage(self) -> dict[int, dict[int, DDPUsage]]:
+        """DDP module index -> rank -> the usage totals with the most iterations."""
+        out: dict[int, dict[int, DDPUsage]] = {}
+        for rank, event in self.evidence.events(DDPUsage):
+            current = out.setdefault(event.ddp, {}).get(rank)
+            if current is None or event.iterations >= current.iterations:
+                out[event.ddp][rank] = event
+        return out
+
+    @functools.cached_property
+    def fingerprint_every(self) -> int:
+        return max((e.fingerprint_every for _, e in self.evidence.events(ProcessStart)), default=1)
+
+    @functools.cached_property
+    def step_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for rank, _ in self.evidence.events(Step):
+            counts[rank] = counts.get(rank, 0) + 1
+        return counts
+
+    def optimizer_info(self, rank: int, opt: int) -> Optional[OptimizerInfo]:
+        ev = self.evidence.ranks.get(rank)
+        return next((e for e in ev.of(OptimizerInfo) if e.opt == opt), None) if ev else None
+
+    @functools.cached_property
+    def divergence(self) -> tuple[Optional[Divergence], int]:
+        """The first (step, parameter) whose fingerprints differ across ranks, and how many steps compared."""
+        by_step: dict[tuple[int, int], dict[int, Step]] = {}
+        for rank, event in self.evidence.events(Step):
+            if event.grads is not None:
+                by_step.setdefault((event.n, event.opt), {})[rank] = event
+        num_compared = 0
+        last_identical: dict[int, int] = {}
+        for (n, opt), events in sorted(by_step.items()):
+            if len(events) < 2:
+                continue
+            num_compared += 1
+            for kind in ("grads", "params"):
+                reference = getattr(events[min(events)], kind)
+                if all(getattr(e, kind) == reference for e in events.values()):
+                    continue  # bit-identical replicas, the common case: no per-parameter comparison
+                length = min(len(getattr(e, kind) or []) for e in events.values())
+                for i in range(length):
+                    values = {r: getattr(e, kind)[i] for r, e in events.items()}
+                    groups = group_by_value(values)
+                    if len(groups) > 1:
+                        return Divergence(n, opt, i, kind, groups, values, events, last_identical.get(opt)), num_compared
+            last_identical[opt] = n
+        return None, num_compared
+
+    # -- data -------------------------------------------------------------------------------------
+    @functools.cached_property
+    def loader_passes(self) -> dict[tuple[str, int], dict[int, LoaderPass]]:
+        """(loader, pass number) -> rank -> the whole pass, its parts merged."""
+        parts: dict[tuple[str, int, int], list[LoaderPass]] = {}
+        for rank, event in self.evidence.events(LoaderPass):
+            parts.setdefault((event.loader, event.number, rank), []).append(event)
+        out: dict[tuple[str, int], dict[int, LoaderPass]] = {}
+        for (loader, number, rank), pieces in parts.items():
+            out.setdefault((loader, number), {})[rank] = merge_parts(pieces)
+        return out
+
+    # -- collectives ------------------------------------------------------------------------------
+    @functools.cached_property
+    def world_collectives(self) -> dict[int, list[Collective]]:
+        """Each rank's world-group collectives in call order (point-to-point and subgroups left out)."""
+        return {rank: [e for e in ev.of(Collective) if e.group is None and e.op not in POINT_TO_POINT]
+                for rank, ev in self.evidence.ranks.items()}
+
+    def _first_mismatch(self, *, include_missing: bool) -> Optional[Mismatch]:
+        traces = self.world_collectives
+        if len(traces) < 2:
+            return None
+        longest = max(len(t) for t in traces.values())
+        shortest = min(len(t) for t in traces.values())
+        for i in range(longest if include_missing else shortest):
+            at = {r: (t[i] if i < len(t) else None) for r, t in traces.items()}
+            if len({collective_signature(e) if e else None for e in at.values()}) > 1:
+                return Mismatch(n=i + 1, calls=at)
+        return None
+
+    @functools.cached_property
+    def collective_mismatch(self) -> Optional[Mismatch]:
+        """First sequence number where ranks that made it called different collectives or shapes."""
+        return self._first_mismatch(include_missing=False)
+
+    @functools.cached_property
+    def collective_divergence(self) -> Optional[Mismatch]:
+        """Like collective_mismatch, counting a collective some ranks never made as a difference."""
+        return self._first_mismatch(include_missing=True)
+
+    # -- failures ---------------------------------------------------------------------------------
+    @functools.cached_property
+    def failures(self) -> list[RankFailure]:
+        """Every rank that failed, with its own exception, exit code or signal, oldest first."""
+        tails = self.evidence.observations.output_tails
+        found: list[RankFailure] = []
+        explained: set[Optional[int]] = set()
+        launcher = [(None, e) for e in self.evidence.unranked if isinstance(e, ExceptionEvent)]
+        stop = self.evidence.stop
+        for rank, event in [*self.evidence.events(ExceptionEvent), *launcher]:
+            decoded = decode(event.message, tails.get(rank, []) if rank is not None else [])
+            secondary = (event.type == "KeyboardInterrupt" or _is_secondary(event.message)
+                         or bool(decoded and decoded.secondary))
+            if secondary and stop is not None and stop.t and event.t >= stop.t:
+                continue  # a peer's error from ddpdoctor stopping the job, not from the job itself
+            found.append(RankFailure(rank=rank, kind="exception", t=event.t, type=event.type, message=event.message,
+                                     location=Location.from_site(event.location), frames=event.frames, seq=event.seq,
+                                     step=event.step, decoded=decoded, secondary=secondary))
+            explained.add(rank)
+        for rank, event in self.evidence.events(SysExit):
+            if rank not in explained:
+                found.append(RankFailure(rank=rank, kind="exit", t=event.t, code=event.code, seq=event.seq,
+                                         step=event.step, location=Location.from_site(event.location)))
+                explained.add(rank)
+        if not self.evidence.stopped_by_ddpdoctor:
+            for failure in self.evidence.failures:
+                # torchrun stops the survivors with SIGTERM after the first failure: not a cause.
+                if failure.rank in explained or failure.signal == "SIGTERM":
+                    continue
+                if not failure.signal and not failure.exitcode:
+                    continue
+                ev = self.evidence.ranks.get(failure.rank)
+                last = ev.events[-1] if ev and ev.events else None
+                found.append(RankFailure(rank=failure.rank, kind="signal" if failure.signal else "exitcode",
+                                         t=last.t if last else failure.t, code=failure.exitcode, signal=failure.signal,
+                                         seq=last.seq if last else 0, step=last.step if last else 0,
+                                         decoded=decode("", tails.get(failure.rank, []))))
+                explained.add(failure.rank)
+        return sorted(found, key=lambda f: f.t)
+
+    @functools.cached_property
+    def failed_ranks(self) -> set[int]:
+        return {f.rank for f in self.failures if f.rank is not None}
+
+    @functools.cached_property
+    def first_failure(self) -> Optional[RankFailure]:
+        """The earliest failure that is a cause (not a peer's symptom); None if there are only symptoms."""
+        return next((f for f in self.failures if not f.secondary), None)
+
+
+def merge_parts(parts: list[LoaderPass]) -> LoaderPass:
+    """One pass from the parts a rank wrote: indices of every part, counters of the last."""
+    parts = sorted(parts, key=lambda p: p.part)
+    last = parts[-1]
+    if len(parts) == 1:
+        return last
+    opaque = any(p.indices is None for p in parts)
+    indices = None if opaque else encode_indices([i for p in parts for i in decode_indices(p.indices)])
+    return dataclasses.replace(last, part=0, indices=indices, head=parts[0].head,
+                               num_samples=None if opaque else sum(p.num_samples or 0 for p in parts))
+
+
+def _is_secondary(message: str) -> bool:
+    lowered = message.lower()
+    return any(marker.lower() in lowered for marker in SECONDARY_MARKERS)
