@@ -102,7 +102,7 @@ def bench_fingerprint() -> None:
     """In one process, no contention: the fingerprint of grads + params against the work of a step."""
     import torch
 
-    from ddpdoctor.fingerprint import fingerprint
+    from ddpdoctor.rank.fingerprint import fingerprint
 
     torch.set_num_threads(1)
     rows = []
@@ -140,32 +140,35 @@ def _median_ms(fn, repeats: int = 30) -> float:
 
 
 def bench_analysis() -> None:
-    from ddpdoctor.analysis import run_checks
-    from ddpdoctor.evidence import Evidence, RankEvidence
-    from ddpdoctor.indices import encode_indices
+    from ddpdoctor.analysis.evidence import Evidence, RankEvidence
+    from ddpdoctor.analysis.runner import analyze
+    from ddpdoctor.schema import events as ev
+    from ddpdoctor.schema.indices import encode_indices
+    from ddpdoctor.schema.observations import Observations
 
     world, steps, params, samples = 1024, 20, 50, 1_000_000
+    names = [f"p{i}" for i in range(params)]
     ranks = {}
     for r in range(world):
-        events = [{"kind": "init_pg", "rank": r, "t": 0.0, "backend": "gloo", "world_size": world},
-                  {"kind": "ddp_wrap", "rank": r, "ddp": 0, "t": 0.0, "params": [f"p{i}" for i in range(params)],
-                   "buffers": [], "find_unused_parameters": False, "broadcast_buffers": True, "device": "cpu"},
-                  {"kind": "optimizer", "opt": 0, "rank": r, "names": [f"p{i}" for i in range(params)],
-                   "in_ddp": [True] * params, "t": 0.0}]
+        events: list[ev.Event] = [
+            ev.InitProcessGroup(rank=r, backend="gloo", world_size=world),
+            ev.DDPWrap(rank=r, params=names),
+            ev.OptimizerInfo(rank=r, names=names, in_ddp=[True] * params, ddp_of=[0] * params)]
         for n in range(1, steps + 1):
             fp = [[float(i + n), float(i)] for i in range(params)]
-            events.append({"kind": "step", "opt": 0, "n": n, "rank": r, "t": float(n), "grads": fp, "params": fp,
-                           "ddp": {"0": {"synced": 1, "unsynced": 0, "inner": 1, "unused": []}}})
+            events.append(ev.Step(rank=r, t=float(n), n=n, grads=fp, params=fp,
+                                  forwards={"0": {"synced": 1, "unsynced": 0, "inner": 1}}))
         shard = list(range(r, samples, world))
-        events.append({"kind": "loader_pass", "loader": "train.py:10", "number": 0, "rank": r, "t": 1.0,
-                       "complete": True, "num_batches": len(shard) // 32, "num_samples": len(shard),
-                       "indices": encode_indices(shard), "steps": steps, "dataset_len": samples,
-                       "sampler": {"type": "DistributedSampler", "distributed": True, "shuffle": True, "epoch": 0,
-                                   "num_replicas": world, "total_size": samples, "num_samples": len(shard)}})
+        events.append(ev.LoaderPass(
+            rank=r, t=1.0, loader="train.py:10", complete=True, num_batches=len(shard) // 32,
+            num_samples=len(shard), indices=encode_indices(shard), steps=steps, ddp_forwards=steps,
+            dataset_len=samples, head=shard[:64], tail=shard[-64:],
+            sampler=ev.SamplerInfo(type="DistributedSampler", distributed=True, shuffle=True, epoch=0,
+                                   num_replicas=world, total_size=samples, num_samples=len(shard))))
         ranks[r] = RankEvidence(rank=r, events=events)
-    evidence = Evidence(ranks=ranks, world_size=world)
+    evidence = Evidence(ranks=ranks, observations=Observations(world_size=world))
     start = time.monotonic()
-    outcomes = run_checks(evidence)
+    outcomes = analyze(evidence).outcomes
     elapsed = time.monotonic() - start
     table(f"analysis of synthetic evidence: {world} ranks, {steps} steps x {params} params, {samples:,} samples",
           ["checks", "statuses", "seconds"], [[len(outcomes), ",".join(o.status for o in outcomes), f"{elapsed:.2f}"]])

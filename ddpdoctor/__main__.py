@@ -1,4 +1,3 @@
-from ddpdoctor.cli import main
+from ddpdoctor.supervisor.cli import main
 
-if __name__ == "__main__":
-    main()
+main()

@@ -1,4 +1,12 @@
-"""Launch planning: which mode, which commands, which environment. No process is started here."""
+"""Launch planning: which mode, which commands, which environment. No process is started here.
+
+1. torchrun: ``--nnodes`` local torch.distributed.run agents (c10d rendezvous on 127.0.0.1, a free
+   port) start the rank bootstrap, which installs the probes and runs the script.
+2. spawn: a script that starts its own workers (torch.multiprocessing.spawn / start_processes) runs
+   once under the bootstrap; the probes go into every worker it spawns.
+3. existing launch: under torchrun, srun or any launcher that set RANK and WORLD_SIZE, each rank's
+   ddpdoctor starts the bootstrap as one child process with the rank's own environment.
+"""
 
 from __future__ import annotations
 
@@ -8,41 +16,35 @@ import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping
 
-from ddpdoctor import envvars
+from ddpdoctor.schema import settings
+from ddpdoctor.supervisor.config import RunConfig
 
 SPAWN_CALLS = {"spawn", "start_processes"}
 
 # Started by file path, not `python -m`: -m puts the current directory first on sys.path, and a
 # checkout of ddpdoctor there would shadow the installed package inside every rank.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-BOOTSTRAP = os.path.join(_HERE, "bootstrap.py")
-AGENT = os.path.join(_HERE, "agent.py")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """Everything ``ddpdoctor check`` was asked to do."""
-
-    script: str
-    script_args: tuple[str, ...] = ()
-    is_reference: bool = False
-    nproc_per_node: int = 2
-    nnodes: int = 1
-    hang_timeout_s: Optional[float] = None
-    timeout_s: Optional[float] = None
-    launch: str = "auto"
-    fingerprint_every: int = 0  # 0: automatic (ddpdoctor.sampling)
-    show_output: bool = True
+_RANK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank")
+BOOTSTRAP = os.path.join(_RANK_DIR, "bootstrap.py")
+AGENT = os.path.join(_RANK_DIR, "agent.py")
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                  "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")
 
 
 @dataclass
 class LaunchPlan:
-    mode: str  # "torchrun" or "spawn"
+    mode: str  # "torchrun" | "spawn" | "existing-launch"
     commands: list[list[str]]
     env: dict[str, str]
+    env_per_command: list[dict] = field(default_factory=list)
     agent_outputs: list[str] = field(default_factory=list)
+    world_size: int = 0  # 0: known only once the ranks start (spawn)
+
+
+def inside_existing_launch(env: Mapping[str, str] = os.environ) -> bool:
+    """Under a launcher that already made this process a rank (and not inside a job we launched)."""
+    return "RANK" in env and "WORLD_SIZE" in env and settings.ACTIVE not in env
 
 
 def free_port() -> int:
@@ -67,27 +69,35 @@ def uses_own_spawn(script: str) -> bool:
     return False
 
 
-def choose_mode(config: RunConfig) -> str:
+def choose_mode(config: RunConfig, script: str) -> str:
+    if inside_existing_launch():
+        return "existing-launch"
     if config.launch != "auto":
         return config.launch
-    return "spawn" if uses_own_spawn(config.script) else "torchrun"
+    return "spawn" if uses_own_spawn(script) else "torchrun"
 
 
-def build_plan(config: RunConfig, evidence_dir: str) -> LaunchPlan:
+def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool) -> dict[str, str]:
     env = dict(os.environ)
-    env[envvars.EVIDENCE_DIR] = evidence_dir
-    env[envvars.FINGERPRINT_EVERY] = str(config.fingerprint_every)
-    env[envvars.ACTIVE] = "1"
+    if not keep_launcher_vars:
+        for name in _LAUNCHER_VARS:
+            env.pop(name, None)
+    env.update(settings.RankSettings(evidence_dir=evidence_dir, fingerprint_every=config.fingerprint_every).to_env())
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, without its banner
     env["PYTHONUNBUFFERED"] = "1"  # rank output shows up live, not at exit
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE"):
-        env.pop(name, None)
-    script = os.path.abspath(config.script)
-    mode = choose_mode(config)
+    env.update(config.extra_env)
+    return env
+
+
+def build_plan(config: RunConfig, script: str, evidence_dir: str) -> LaunchPlan:
+    mode = choose_mode(config, script)
+    bootstrap = [sys.executable, BOOTSTRAP, script, *config.script_args]
+    if mode == "existing-launch":
+        return LaunchPlan(mode=mode, commands=[bootstrap], world_size=int(os.environ["WORLD_SIZE"]),
+                          env=_rank_env(config, evidence_dir, keep_launcher_vars=True))
+    env = _rank_env(config, evidence_dir, keep_launcher_vars=False)
     if mode == "spawn":
-        command = [sys.executable, BOOTSTRAP, script, *config.script_args]
-        return LaunchPlan(mode="spawn", commands=[command], env=env)
+        return LaunchPlan(mode=mode, commands=[bootstrap], env=env)
     port = free_port()
     run_id = f"ddpdoctor-{uuid.uuid4().hex[:8]}"
     commands, outputs = [], []
@@ -104,10 +114,10 @@ def build_plan(config: RunConfig, evidence_dir: str) -> LaunchPlan:
             "--monitor-interval=0.1",
             "--tee=3",
             f"--log-dir={os.path.join(evidence_dir, f'logs-{node}')}",
-            BOOTSTRAP,
-            script,
-            *config.script_args,
+            BOOTSTRAP, script, *config.script_args,
         ]
         commands.append([sys.executable, AGENT, out, "--", *torchrun_args])
         outputs.append(out)
-    return LaunchPlan(mode="torchrun", commands=commands, env=env, agent_outputs=outputs)
+    return LaunchPlan(mode=mode, commands=commands, env=env, agent_outputs=outputs,
+                      env_per_command=[{settings.AGENT: str(node)} for node in range(config.nnodes)],
+                      world_size=config.nproc_per_node * config.nnodes)

@@ -1,0 +1,71 @@
+"""What a ddpdoctor run is asked to do, validated once: bad input is a ValueError for the user."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from typing import Optional
+
+LAUNCH_MODES = ("auto", "torchrun", "spawn")
+
+
+def reference_script() -> str:
+    """The bundled reference job (ddpdoctor/fixtures/reference.py)."""
+    spec = find_spec("ddpdoctor.fixtures")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the bundled reference job is missing from this installation")
+    return os.path.join(list(spec.submodule_search_locations)[0], "reference.py")
+
+
+def validate_script(script: str) -> str:
+    """The absolute path of a readable, syntactically valid Python script."""
+    if not os.path.exists(script):
+        raise ValueError(f"script not found: {script}")
+    if os.path.isdir(script):
+        raise ValueError(f"{script} is a directory; give the training script (a .py file)")
+    try:
+        with open(script, "rb") as f:
+            compile(f.read(), script, "exec")
+    except SyntaxError as exc:
+        raise ValueError(f"{script}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {script}: {exc}") from None
+    return os.path.abspath(script)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``ddpdoctor check`` was asked to do. ``script=None`` runs the reference job."""
+
+    script: Optional[str] = None
+    script_args: tuple[str, ...] = ()
+    nproc_per_node: int = 2
+    nnodes: int = 1
+    hang_timeout_s: Optional[float] = None  # None: adaptive, max(30 s, 10x the slowest step)
+    timeout_s: Optional[float] = None
+    launch: str = "auto"
+    fingerprint_every: int = 0  # 0: automatic (ddpdoctor.schema.sampling)
+    show_output: bool = True
+    keep_evidence: Optional[str] = None
+    extra_env: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1:
+            raise ValueError("--nproc-per-node must be at least 1")
+        if self.nnodes < 1:
+            raise ValueError("--nnodes must be at least 1")
+        for name, value in (("--hang-timeout", self.hang_timeout_s), ("--timeout", self.timeout_s)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds")
+        if self.fingerprint_every < 0:
+            raise ValueError("--fingerprint-every must be 0 (automatic) or a positive number of steps")
+        if self.launch not in LAUNCH_MODES:
+            raise ValueError(f"--launch must be one of {', '.join(LAUNCH_MODES)}")
+
+    @property
+    def is_reference(self) -> bool:
+        return self.script is None
+
+    def script_path(self) -> str:
+        return reference_script() if self.script is None else validate_script(self.script)

@@ -1,0 +1,164 @@
+"""The monitor: one place for the hang, timeout and interrupt policy, whatever the launch mode.
+
+It polls the transport for heartbeats, routes rank output to the display, and decides when to stop
+a job that will not end by itself. It never stops the processes itself: it returns why the job
+must stop, with every rank's state, and the pipeline stops them.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from ddpdoctor.schema.observations import Heartbeat, RankState, StackDump, StopSnapshot
+from ddpdoctor.supervisor.display import Display
+from ddpdoctor.supervisor.hang import HangDetector, classify
+from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.transport import Transport
+
+POLL_S = 0.5  # heartbeats are written every 0.5 s
+TRACK_S = 2.0  # how often to scan /proc for new descendants (cheap, but ranks share the CPUs)
+NO_PROGRESS_FACTOR = 10.0  # a stall that is not provably a hang stops the job after this many thresholds
+
+
+class Job(Protocol):
+    def finished(self) -> bool: ...
+    def drain(self) -> list[tuple[int, str]]: ...
+    def track(self) -> None: ...
+
+
+@dataclass
+class MonitorResult:
+    stop: Optional[StopSnapshot] = None  # None: the job ended by itself
+    stalls: list[StopSnapshot] = field(default_factory=list)  # no-progress episodes that resolved
+
+
+class Monitor:
+    def __init__(self, *, transport: Transport, display: Display, router: OutputRouter,
+                 hang_timeout_s: Optional[float], timeout_s: Optional[float], world_size: int = 0,
+                 detect_hangs: bool = True) -> None:
+        self.transport = transport
+        self.display = display
+        self.router = router
+        self.detector = HangDetector(fixed_timeout_s=hang_timeout_s)
+        self.timeout_s = timeout_s
+        self.world_size = world_size
+        self.detect_hangs = detect_hangs
+        self._signal: Optional[int] = None
+        self._beats: dict[int, Heartbeat] = {}
+        self._last_poll = 0.0
+
+    def watch(self, job: Job) -> MonitorResult:
+        handlers = self._install_signal_handlers()
+        try:
+            return self._watch(job)
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            self.router.route(job.drain())
+
+    def _install_signal_handlers(self) -> dict:
+        if threading.current_thread() is not threading.main_thread():
+            return {}  # called from a thread (the Python API): the caller owns the signals
+        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._signal is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for stacks, clean up now
+        self._signal = signum
+
+    def _watch(self, job: Job) -> MonitorResult:
+        result = MonitorResult()
+        started = time.monotonic()
+        last_tracked = 0.0
+        next_stacks = 0.0
+        stall: Optional[StopSnapshot] = None
+        while True:
+            self.router.route(job.drain())
+            if job.finished():
+                break
+            time.sleep(0.05)
+            now = time.monotonic()
+            if now - self._last_poll < POLL_S and self._signal is None:
+                continue
+            self._last_poll = now
+            if now - last_tracked > TRACK_S:
+                job.track()
+                last_tracked = now
+            beats = self._poll(now)
+            live = {r: b for r, b in beats.items() if self.transport.alive(b)}
+            if self._signal is not None:
+                name = signal.Signals(self._signal).name
+                self.display.notice(f"received {name}: stopping every rank")
+                result.stop = self._snapshot("interrupted", live, now, signal_name=name)
+                break
+            if self.timeout_s is not None and now - started > self.timeout_s:
+                self.display.notice(f"--timeout {self.timeout_s:g}s expired: stopping every rank")
+                result.stop = self._snapshot("timeout", live, now)
+                break
+            if not self.detect_hangs:
+                continue
+            threshold = self.detector.threshold_s()
+            age = self.detector.job_stall_age(now, set(live)) if live else 0.0
+            if age <= threshold:
+                if stall is not None:
+                    result.stalls.append(stall)
+                    stall = None
+                continue
+            if now < next_stacks:
+                continue
+            next_stacks = now + max(2.0, threshold / 2)
+            snapshot = self._snapshot("hang", live, now)
+            states = [snapshot.ranks[r].state for r in live]
+            if states and all(s == "waiting" for s in states):
+                self.display.notice(f"no rank made progress for {age:.0f}s and every live rank waits for its "
+                                    "peers: collecting stacks and stopping the job")
+                result.stop = snapshot
+                break
+            if age > NO_PROGRESS_FACTOR * threshold:
+                self.display.notice(f"no rank made progress for {age:.0f}s: stopping the job")
+                snapshot.reason = "no-progress"
+                result.stop = snapshot
+                break
+            if stall is None:
+                busy = [f"rank {r} {snapshot.ranks[r].state} in {snapshot.ranks[r].waiting_in or 'its own code'}"
+                        for r in sorted(live) if snapshot.ranks[r].state != "waiting"]
+                self.display.notice(f"no progress for {age:.0f}s, but not a hang while {'; '.join(busy)}")
+            snapshot.reason = "no-progress"
+            stall = snapshot
+        if stall is not None:
+            result.stalls.append(stall)
+        return result
+
+    def _poll(self, now: float) -> dict[int, Heartbeat]:
+        beats = self.transport.heartbeats()
+        self._beats = beats
+        self.router.learn(beats)
+        for rank, beat in beats.items():
+            self.detector.observe(now, rank, beat.progress, beat.steps)
+        self.display.update(beats, time.time())
+        return beats
+
+    def _snapshot(self, reason: str, live: dict[int, Heartbeat], now: float, *,
+                  signal_name: Optional[str] = None) -> StopSnapshot:
+        dumps: dict[int, StackDump] = self.transport.request_stacks(live) if live else {}
+        ranks: dict[int, RankState] = {}
+        for rank, beat in sorted(self._beats.items()):
+            dump = dumps.get(rank)
+            heartbeat = dump.heartbeat if dump else beat
+            stack = dump.stack if dump else []
+            if rank not in live:
+                ranks[rank] = RankState(rank=rank, state="exited", heartbeat=heartbeat,
+                                        stalled_s=round(self.detector.stall_age(now, rank), 2))
+                continue
+            state, waiting_in = classify(stack, heartbeat)
+            ranks[rank] = RankState(rank=rank, state=state, waiting_in=waiting_in, heartbeat=heartbeat, stack=stack,
+                                    stalled_s=round(self.detector.stall_age(now, rank), 2))
+        world = self.world_size or max([b.world_size or 0 for b in self._beats.values()] + [0])
+        for rank in range(world):
+            ranks.setdefault(rank, RankState(rank=rank, state="never started"))
+        return StopSnapshot(reason=reason, threshold_s=self.detector.threshold_s(), ranks=ranks, signal=signal_name,
+                            t=time.time())

@@ -1,0 +1,164 @@
+"""``run(config) -> Report``: the one pipeline behind every launch mode.
+
+plan -> start the processes -> monitor (heartbeats, hang / timeout / interrupt) -> stop every
+process -> collect the evidence through the transport -> analyze -> report. It never exits the
+interpreter and leaves nothing behind (no processes, no temporary files, no signal handlers), so
+Python code can call it; the CLI is one such caller. It and the CLI are the supervisor side's
+composition points, the only modules here that reach into the analysis side.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Optional
+
+from ddpdoctor import __version__
+from ddpdoctor.analysis.evidence import Evidence, parse_lines
+from ddpdoctor.analysis.report import Report, build_report
+from ddpdoctor.analysis.runner import analyze
+from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
+from ddpdoctor.supervisor import launch
+from ddpdoctor.supervisor.config import RunConfig
+from ddpdoctor.supervisor.display import Display, NullDisplay
+from ddpdoctor.supervisor.jobs import SubprocessJob
+from ddpdoctor.supervisor.monitor import Monitor, MonitorResult
+from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.transport import Collected, FileTransport, read_json
+
+__all__ = ["run", "NoEvidence"]
+
+
+class NoEvidence(RuntimeError):
+    """The job produced no evidence at all: torchrun or the bootstrap could not start."""
+
+
+def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
+    """Run the job ``config`` describes under ddpdoctor's probes and return the report."""
+    display = display or NullDisplay()
+    script = config.script_path()
+    started = time.monotonic()
+    evidence_dir = tempfile.mkdtemp(prefix="ddpdoctor-")
+    try:
+        plan = launch.build_plan(config, script, evidence_dir)
+        if plan.mode == "existing-launch":
+            return _run_in_existing_launch(config, plan, script, evidence_dir, display, started)
+        job = SubprocessJob(plan.commands, plan.env, env_per_command=plan.env_per_command)
+        router = OutputRouter(display, nproc_per_node=config.nproc_per_node)
+        transport = FileTransport(evidence_dir)
+        monitor = Monitor(transport=transport, display=display, router=router, hang_timeout_s=config.hang_timeout_s,
+                          timeout_s=config.timeout_s, world_size=plan.world_size)
+        job.start()
+        try:
+            result = monitor.watch(job)
+        finally:
+            job.stop()
+            router.route(job.drain())
+        collected = transport.collect()
+        collected.failures = _agent_failures(plan.agent_outputs)
+        collected.output_tails = router.tail_lists()
+        _keep_evidence(config, evidence_dir)
+        failed = any(code != 0 for code in job.exit_codes)
+        return _report(config, plan, script, collected, result, failed=failed, started=started)
+    finally:
+        shutil.rmtree(evidence_dir, ignore_errors=True)
+
+
+def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: str, evidence_dir: str,
+                            display: Display, started: float) -> Report:
+    from ddpdoctor.supervisor.store import StoreRelay, StoreTransport, WorldJob, connect
+
+    rank, world_size = int(os.environ["RANK"]), plan.world_size
+    store = connect(rank, world_size)
+    child = SubprocessJob(plan.commands, plan.env)
+    router = OutputRouter(display, nproc_per_node=1, fixed_rank=rank)
+    relay = StoreRelay(store, rank, FileTransport(evidence_dir), child)
+    child.start()
+    relay.start()
+    try:
+        if rank != 0:
+            # Rank 0 judges hangs for the whole job; here only output and signals are handled.
+            result = Monitor(transport=FileTransport(evidence_dir), display=display, router=router,
+                             hang_timeout_s=None, timeout_s=None, detect_hangs=False).watch(child)
+        else:
+            transport = StoreTransport(store, world_size)
+            monitor = Monitor(transport=transport, display=display, router=router, world_size=world_size,
+                              hang_timeout_s=config.hang_timeout_s, timeout_s=config.timeout_s)
+            result = monitor.watch(WorldJob(child, transport))
+            if result.stop is not None:
+                transport.abort()
+    finally:
+        child.stop()
+        router.route(child.drain())
+    code = child.exit_codes[0] if child.exit_codes and child.exit_codes[0] is not None else 1
+    relay.finish(exit_code=code if code >= 0 else 128 - code, tail=router.tail_lists().get(rank, []))
+    if rank != 0:
+        # Once rank 0 holds this rank's evidence, its report and exit code speak for the whole job;
+        # exiting 0 here keeps a launcher from stopping rank 0 while it writes the report.
+        reported = relay.wait_for_report()
+        return Report(version=__version__, script=None if config.is_reference else script,
+                      argv=list(config.script_args), world_size=world_size, nnodes=1, backend="", device="",
+                      outcome="completed" if code == 0 else "failed", duration_s=time.monotonic() - started,
+                      launch_mode=plan.mode, role="peer",
+                      peer_exit_code=0 if reported else (code if code >= 0 else 128 - code))
+    collected = transport.collect()
+    _keep_evidence(config, evidence_dir, collected)
+    try:
+        return _report(config, plan, script, collected, result,
+                       failed=bool(collected.failures or collected.missing_ranks), started=started)
+    finally:
+        transport.reported()  # after the report is built: the caller renders and writes it at once
+
+
+def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: Collected, result: MonitorResult, *,
+            failed: bool, started: float) -> Report:
+    if not any(collected.processes):
+        raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
+    observations = Observations(
+        outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
+        launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
+        output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls)
+    evidence = Evidence.from_processes((parse_lines(lines) for lines in collected.processes),
+                                       observations=observations, script=script)
+    return build_report(evidence, analyze(evidence), version=__version__,
+                        script=None if config.is_reference else script, argv=list(config.script_args),
+                        duration_s=time.monotonic() - started)
+
+
+def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> str:
+    if stop is None:
+        return "failed" if failed else "completed"
+    return {"hang": "hung", "no-progress": "hung", "timeout": "timeout"}.get(stop.reason, "failed")
+
+
+def _nnodes(config: RunConfig, plan: launch.LaunchPlan) -> int:
+    if plan.mode != "existing-launch":
+        return config.nnodes
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
+
+
+def _agent_failures(paths: list[str]) -> list[Failure]:
+    failures = []
+    for path in paths:
+        data = read_json(path)
+        if data:
+            failures.extend(Failure.from_json(f) for f in data.get("failures", []))
+    return failures
+
+
+def _keep_evidence(config: RunConfig, evidence_dir: str, collected: Optional[Collected] = None) -> None:
+    """--keep-evidence: copy the raw per-process evidence (gathered from every rank in a launch)."""
+    if config.keep_evidence is None:
+        return
+    os.makedirs(config.keep_evidence, exist_ok=True)
+    if collected is None:
+        shutil.copytree(evidence_dir, config.keep_evidence, dirs_exist_ok=True)
+        return
+    for index, lines in enumerate(collected.processes):
+        with open(os.path.join(config.keep_evidence, f"events-gathered{index}.jsonl"), "w") as f:
+            f.write("\n".join(lines) + ("\n" if lines else ""))

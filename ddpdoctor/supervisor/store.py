@@ -1,0 +1,216 @@
+"""The transport inside an existing launch: the job's c10d store, no shared filesystem needed.
+
+Every rank's ddpdoctor process supervises one child (the rank itself) through files on its own
+machine, and a :class:`StoreRelay` thread publishes that child's heartbeats, stack dumps and
+events in the store. Rank 0 runs the monitor over a :class:`StoreTransport`, which reads them
+back for every rank. The store is torchrun's agent store when there is one, otherwise a TCPStore
+that rank 0 hosts on MASTER_PORT+1 (DDPDOCTOR_STORE_PORT overrides).
+
+This is the only supervisor-side module that imports torch, lazily, inside :func:`connect`: in
+this mode ddpdoctor runs inside a rank of someone else's launch, where torch is there anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+import zlib
+from datetime import timedelta
+from typing import Any, Optional
+
+from ddpdoctor.schema.observations import Failure, Heartbeat, StackDump
+from ddpdoctor.supervisor.jobs import SubprocessJob
+from ddpdoctor.supervisor.transport import STACK_WAIT_S, Collected, FileTransport
+
+CONNECT_TIMEOUT_S = 60.0
+GATHER_WAIT_S = 60.0
+REPORT_WAIT_S = 120.0
+STALE_S = 10.0
+RELAY_PERIOD_S = 0.5
+
+
+def connect(rank: int, world_size: int) -> Any:
+    """A client of the job's store (on rank 0 without torchrun's agent store, also its server)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    timeout = timedelta(seconds=CONNECT_TIMEOUT_S)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = TCPStore(address, int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    else:
+        port = int(os.environ.get("DDPDOCTOR_STORE_PORT") or int(os.environ.get("MASTER_PORT", "29500")) + 1)
+        store = TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "default"
+    return PrefixStore(f"ddpdoctor/{run_id}/", store)
+
+
+def _pack(collected: Collected) -> bytes:
+    return zlib.compress(json.dumps(collected.processes).encode())
+
+
+def _unpack(data: bytes) -> list[list[str]]:
+    return json.loads(zlib.decompress(data).decode())
+
+
+class StoreRelay(threading.Thread):
+    """In every rank's ddpdoctor: the local child's heartbeats, stacks and events, into the store."""
+
+    def __init__(self, store: Any, rank: int, local: FileTransport, child: SubprocessJob) -> None:
+        super().__init__(name="ddpdoctor-store-relay", daemon=True)
+        self.store = store
+        self.rank = rank
+        self.local = local
+        self.child = child
+        self.aborted = threading.Event()
+        self._stop_event = threading.Event()
+        self._last_token = ""
+
+    def run(self) -> None:
+        while not self._stop_event.wait(RELAY_PERIOD_S):
+            try:
+                self.tick()
+            except Exception:  # the store went away: the job is ending
+                return
+
+    def tick(self) -> None:
+        beats = self.local.heartbeats()
+        beat = beats.get(self.rank) or next(iter(beats.values()), None)
+        if beat is not None:
+            self.store.set(f"hb/{self.rank}", json.dumps(beat.to_json()))
+        if self.store.check(["dump"]):
+            token = self.store.get("dump").decode()
+            if token != self._last_token:
+                self._last_token = token
+                live = {self.rank: beat} if beat is not None and self.local.alive(beat) else {}
+                dumps = self.local.request_stacks(live) if live else {}
+                self.store.set(f"events/{self.rank}", _pack(self.local.collect()))
+                if self.rank in dumps:
+                    dump = dumps[self.rank]
+                    self.store.set(f"stack/{self.rank}", json.dumps({**dump.to_json(), "token": token}))
+        if not self.aborted.is_set() and self.store.check(["abort"]):
+            self.aborted.set()
+            self.child.stop()
+
+    def finish(self, *, exit_code: int, tail: list[str]) -> None:
+        """Stop relaying, then leave this rank's events, output tail and exit code in the store."""
+        self._stop_event.set()
+        self.join(timeout=5)
+        self.store.set(f"events/{self.rank}", _pack(self.local.collect()))
+        self.store.set(f"tail/{self.rank}", json.dumps(tail))
+        self.store.set(f"exit/{self.rank}", str(exit_code))
+
+    def wait_for_report(self) -> bool:
+        """Non-zero ranks stay until rank 0 has gathered their evidence and built the report; True
+        once it has (then this rank's outcome is in rank 0's report and exit code)."""
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                if self.store.check(["reported"]):
+                    return True
+            except Exception:
+                return False
+            time.sleep(0.2)
+        return False
+
+
+class StoreTransport:
+    """On rank 0: every rank's heartbeats, stacks and events, read from the store."""
+
+    def __init__(self, store: Any, world_size: int) -> None:
+        self.store = store
+        self.world_size = world_size
+        self._changed: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat t, local time it changed)
+
+    def heartbeats(self) -> dict[int, Heartbeat]:
+        beats = {}
+        now = time.monotonic()
+        for rank in range(self.world_size):
+            key = f"hb/{rank}"
+            if self.store.check([key]):
+                beat = Heartbeat.from_json(json.loads(self.store.get(key)))
+                beats[rank] = beat
+                if self._changed.get(rank, (None,))[0] != beat.t:
+                    self._changed[rank] = (beat.t, now)
+        return beats
+
+    def alive(self, beat: Heartbeat) -> bool:
+        """Running, judged on this machine's clock (the ranks' clocks may differ): a heartbeat that
+        stopped changing for STALE_S means its rank or its relay is gone."""
+        if beat.activity == "exited" or self.store.check([f"exit/{beat.rank}"]):
+            return False
+        changed = self._changed.get(beat.rank)
+        return changed is None or time.monotonic() - changed[1] < STALE_S
+
+    def request_stacks(self, ranks: dict[int, Heartbeat], wait_s: float = STACK_WAIT_S) -> dict[int, StackDump]:
+        token = uuid.uuid4().hex
+        self.store.set("dump", token)
+        deadline = time.monotonic() + wait_s + 2 * RELAY_PERIOD_S
+        stacks: dict[int, StackDump] = {}
+        while time.monotonic() < deadline and len(stacks) < len(ranks):
+            for rank in set(ranks) - set(stacks):
+                key = f"stack/{rank}"
+                if self.store.check([key]):
+                    data = json.loads(self.store.get(key))
+                    if data.get("token") == token:
+                        stacks[rank] = StackDump.from_json(data)
+            time.sleep(0.05)
+        return stacks
+
+    def exited(self, rank: int) -> bool:
+        return self.store.check([f"exit/{rank}"])
+
+    def collect(self) -> Collected:
+        deadline = time.monotonic() + GATHER_WAIT_S
+        while time.monotonic() < deadline and not all(self.exited(r) for r in range(self.world_size)):
+            time.sleep(0.1)
+        collected = Collected()
+        for rank in range(self.world_size):
+            if self.store.check([f"events/{rank}"]):
+                collected.processes.extend(_unpack(self.store.get(f"events/{rank}")))
+            if self.store.check([f"tail/{rank}"]):
+                collected.output_tails[rank] = json.loads(self.store.get(f"tail/{rank}"))
+            if self.exited(rank):
+                code = int(self.store.get(f"exit/{rank}"))
+                if code != 0:
+                    collected.failures.append(Failure(rank=rank, exitcode=code))
+            else:
+                collected.missing_ranks.append(rank)
+        return collected
+
+    def abort(self) -> None:
+        self.store.set("abort", "1")
+
+    def reported(self) -> None:
+        self.store.set("reported", "1")
+
+
+class WorldJob:
+    """Rank 0's view of the whole job: its own child, and every other rank through the store."""
+
+    def __init__(self, child: SubprocessJob, transport: StoreTransport) -> None:
+        self.child = child
+        self.transport = transport
+        self._child_done_at: Optional[float] = None
+
+    def finished(self) -> bool:
+        if not self.child.finished():
+            return False
+        now = time.monotonic()
+        if self._child_done_at is None:
+            self._child_done_at = now
+        others = [r for r in range(self.transport.world_size) if not self.transport.exited(r)]
+        beats = self.transport.heartbeats()
+        running = [r for r in others if r in beats and self.transport.alive(beats[r])]
+        never_seen = [r for r in others if r not in beats]
+        if running:
+            return False  # still watched for hangs by the monitor
+        return not never_seen or now - self._child_done_at > GATHER_WAIT_S
+
+    def drain(self) -> list[tuple[int, str]]:
+        return self.child.drain()
+
+    def track(self) -> None:
+        self.child.track()
