@@ -15,7 +15,7 @@ from typing import Optional
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-OUR_MODULES = ("ddpdoctor/bootstrap.py", "ddpdoctor/agent.py", "ddpdoctor check", "-m ddpdoctor")
+OUR_MODULES = ("ddpdoctor/rank/bootstrap.py", "ddpdoctor/rank/agent.py", "ddpdoctor check", "-m ddpdoctor")
 
 
 @dataclass
@@ -38,6 +38,19 @@ class CheckRun:
 
     def serious(self) -> list[dict]:
         return [f for f in self.findings() if f["severity"] in ("error", "warning")]
+
+    def roots(self) -> dict[str, str]:
+        """{check: severity} of the top-level findings at warning or error (one per check expected)."""
+        return {f["check"]: f["severity"] for f in self.serious()}
+
+    def consequences(self, root: Optional[str] = None) -> list[dict]:
+        """Consequences attached to the top-level findings (of check ``root`` only, if given)."""
+        return [c for f in self.findings(root) for c in f["consequences"]]
+
+    def anywhere(self, check: str, severity: Optional[str] = None) -> list[dict]:
+        """Findings of ``check``, top-level or attached as a consequence."""
+        found = self.findings(check) + [c for c in self.consequences() if c["check"] == check]
+        return [f for f in found if severity is None or f["severity"] == severity]
 
 
 def _parent(pid: int) -> int:

@@ -1,4 +1,5 @@
-"""Each known-bad fixture is caught with its check id; each known-good fixture stays clean.
+"""Each known-bad fixture is reported as exactly its root cause, with its other symptoms as
+consequences; each known-good fixture stays clean.
 
 Real torchrun, 2 gloo ranks on CPU, assertions through the JSON report.
 """
@@ -10,26 +11,35 @@ from conftest import FIXTURES
 
 pytestmark = pytest.mark.integration
 
-# fixture -> {check id: severity} that must be reported (more findings may accompany them).
+# fixture -> ({check: severity} of the top-level findings at warning or error, exactly;
+#             checks that must appear among their consequences)
 KNOWN_BAD = {
-    "bad_grad_no_ddp.py": {"gradient-sync": "error", "not-distributed": "warning"},
-    "bad_grad_bypass.py": {"gradient-sync": "error"},
-    "bad_grad_step_in_no_sync.py": {"gradient-sync": "error"},
-    "bad_params_modified.py": {"gradient-sync": "error"},
-    "bad_buffer_sync.py": {"buffer-sync": "warning"},
-    "bad_sampler_no_distributed.py": {"sampler-disjoint": "error"},
-    "bad_sampler_rank_seed.py": {"sampler-disjoint": "error"},
-    "bad_sampler_wrong_replicas.py": {"sampler-disjoint": "error"},
-    "bad_sampler_batch_sampler_workers.py": {"sampler-disjoint": "error"},
-    "bad_set_epoch.py": {"set-epoch": "warning"},
-    "bad_unused_missing.py": {"unused-parameters": "error", "rank-failure": "error"},
-    "bad_unused_needless.py": {"unused-parameters": "warning"},
-    "bad_no_process_group.py": {"not-distributed": "error"},
+    "bad_grad_no_ddp.py": ({"gradient-sync": "error"}, {"not-distributed"}),
+    "bad_grad_bypass.py": ({"gradient-sync": "error"}, set()),
+    "bad_grad_bypass_batchnorm.py": ({"gradient-sync": "error"}, {"buffer-sync"}),
+    "bad_grad_step_in_no_sync.py": ({"gradient-sync": "error"}, set()),
+    "bad_params_modified.py": ({"gradient-sync": "error"}, set()),
+    "bad_buffer_sync.py": ({"buffer-sync": "warning"}, set()),
+    "bad_sampler_no_distributed.py": ({"sampler-disjoint": "error"}, set()),
+    "bad_sampler_rank_seed.py": ({"sampler-disjoint": "error"}, set()),
+    "bad_sampler_wrong_replicas.py": ({"sampler-disjoint": "error"}, set()),
+    "bad_sampler_batch_sampler_workers.py": ({"sampler-disjoint": "error"}, set()),
+    "bad_set_epoch.py": ({"set-epoch": "warning"}, set()),
+    "bad_unused_missing.py": ({"unused-parameters": "error"}, {"rank-failure"}),
+    "bad_unused_lightning_message.py": ({"unused-parameters": "error"}, {"rank-failure"}),
+    "bad_unused_needless.py": ({"unused-parameters": "warning"}, set()),
+    "bad_no_process_group.py": ({"not-distributed": "error"}, {"sampler-disjoint"}),
+    "uneven_shards_crash.py": ({"uneven-inputs": "error"}, {"rank-failure"}),
+    "mismatch_allgather_sizes.py": ({"collective-hang": "error"}, {"rank-failure"}),
+    "hang_metric_allreduce_in_loop.py": ({"collective-hang": "error"}, {"rank-failure"}),
+    "crash_at_import.py": ({"rank-failure": "error"}, set()),
+    "crash_before_training.py": ({"rank-failure": "error"}, set()),
 }
 
 GRADIENT_CASES = {
     "bad_grad_no_ddp.py": "not-wrapped",
     "bad_grad_bypass.py": "ddp-bypassed",
+    "bad_grad_bypass_batchnorm.py": "ddp-bypassed",
     "bad_grad_step_in_no_sync.py": "step-in-no-sync",
     "bad_params_modified.py": "params-modified",
 }
@@ -41,20 +51,37 @@ KNOWN_GOOD = [
     "good_allreduce_metrics.py",
     "good_unused_sometimes.py",
     "good_batchnorm.py",
+    "good_gan.py",
+    "good_actor_critic.py",
+    "good_teacher_student.py",
+    "good_zero_optimizer.py",
+    "good_subgroup_collectives.py",
+    "good_random_split_sampler.py",
+    "good_even_batches_padding.py",
+    "good_dispatch_batches.py",
+    "good_local_reference_model.py",
+    "good_closure_step.py",
 ]
 
 
+def _options(fixture: str) -> tuple:
+    return ("--hang-timeout", "5") if fixture.startswith(("hang_", "uneven_", "mismatch_")) else ()
+
+
 @pytest.mark.parametrize("fixture", sorted(KNOWN_BAD))
-def test_known_bad_fixture_is_reported(run_check, fixture):
-    run = run_check(fixture)
+def test_known_bad_fixture_reports_exactly_its_root_cause(run_check, fixture):
+    roots, consequences = KNOWN_BAD[fixture]
+    run = run_check(fixture, *_options(fixture))
     assert run.report is not None, run.output
-    assert run.returncode == 1, run.output
-    severities = run.severities()
-    for check_id, severity in KNOWN_BAD[fixture].items():
-        assert severity in severities.get(check_id, set()), (check_id, severities, run.output[-3000:])
+    assert run.returncode == 1, run.output[-3000:]
+    assert run.roots() == roots, (run.roots(), run.output[-3000:])
+    (root,) = roots
+    attached = {c["check"] for c in run.consequences(root)}
+    assert consequences <= attached, (attached, run.output[-3000:])
     statuses = {c["id"]: c["status"] for c in run.report["checks"]}
-    for check_id, severity in KNOWN_BAD[fixture].items():
-        assert statuses[check_id] == ("fail" if severity == "error" else "warn")
+    assert statuses[root] == ("fail" if roots[root] == "error" else "warn")
+    for check_id in attached - {root}:
+        assert statuses[check_id] in ("pass", "skip"), "a consequence never fails its own check"
 
 
 @pytest.mark.parametrize("fixture", sorted(GRADIENT_CASES))
@@ -75,13 +102,15 @@ def test_known_good_fixture_is_clean(run_check, fixture):
     assert run.serious() == [], run.serious()
     assert run.returncode == 0, run.output[-3000:]
     assert run.report["outcome"] == "completed"
+    assert run.report["probe_errors"] == []
 
 
-def test_unused_missing_names_the_parameter(run_check):
-    run = run_check("bad_unused_missing.py")
+@pytest.mark.parametrize("fixture", ["bad_unused_missing.py", "bad_unused_lightning_message.py"])
+def test_unused_missing_names_the_parameters(run_check, fixture):
+    run = run_check(fixture)
     (finding,) = run.findings("unused-parameters", "error")
-    assert any("head" in name for name in finding["evidence"]["unused"]), finding
-    assert finding["evidence"]["crashed_ranks"], finding
+    assert finding["evidence"]["unused"] == ["aux_head.weight", "aux_head.bias"]
+    assert finding["evidence"]["crashed_ranks"] == [0, 1]
 
 
 def test_crash_names_rank_exception_and_line(run_check):
@@ -92,6 +121,45 @@ def test_crash_names_rank_exception_and_line(run_check):
     assert "ValueError" in finding["message"] and "bad batch" in finding["message"]
     assert finding["location"]["file"].endswith("bad_raise_on_rank1.py")
     assert finding["location"]["line"] == _line_of("bad_raise_on_rank1.py", 'raise ValueError("bad batch")')
+
+
+@pytest.mark.parametrize("fixture, marker", [
+    ("crash_at_import.py", "import ddpdoctor_fixture_module_that_does_not_exist"),
+    ("crash_before_training.py", "torch.load("),
+])
+def test_the_same_crash_on_every_rank_is_one_cause_on_all_ranks(run_check, fixture, marker):
+    run = run_check(fixture)
+    (finding,) = run.findings("rank-failure", "error")
+    assert finding["ranks"] == [0, 1]
+    assert finding["message"].startswith("every rank (0, 1) raised")
+    assert finding["location"]["line"] == _line_of(fixture, marker)
+    assert {c["id"]: c["status"] for c in run.report["checks"]}["not-distributed"] == "skip"
+
+
+def test_allgather_size_mismatch_names_the_op_the_sizes_and_the_line(run_check):
+    run = run_check("mismatch_allgather_sizes.py", "--hang-timeout", "5")
+    (finding,) = run.findings("collective-hang", "error")
+    assert "all_gather of float32[4]" in finding["message"] and "all_gather of float32[5]" in finding["message"]
+    assert finding["location"]["line"] == _line_of("mismatch_allgather_sizes.py", "dist.all_gather(")
+
+
+def test_uneven_shards_name_the_batch_counts_and_explain_the_peers_crash(run_check):
+    run = run_check("uneven_shards_crash.py", "--hang-timeout", "5")
+    (finding,) = run.findings("uneven-inputs", "error")
+    assert finding["evidence"]["cause"] == "data"
+    assert finding["evidence"]["batches"] == {"0": 10, "1": 9}
+    (crash,) = [c for c in finding["consequences"] if c["check"] == "rank-failure"]
+    assert crash["ranks"] == [0]
+
+
+def test_a_slow_rank_outside_communication_is_not_a_hang(run_check):
+    run = run_check("good_slow_rank.py", "--hang-timeout", "3")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.report["outcome"] == "completed"
+    assert run.serious() == []
+    (stall,) = run.findings("collective-hang", "info")
+    assert stall["evidence"]["ranks"]["0"]["state"] == "busy"
+    assert "DataLoader" in stall["evidence"]["ranks"]["0"]["waiting_in"]
 
 
 def _line_of(fixture: str, text: str) -> int:

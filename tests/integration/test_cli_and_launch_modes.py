@@ -98,9 +98,11 @@ def test_inside_an_existing_torchrun_launch(tmp_path):
 
 def test_hang_inside_an_existing_launch_goes_through_the_store(tmp_path):
     report = tmp_path / "report.json"
+    evidence = tmp_path / "evidence"
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
-         str(FIXTURES / "hang_barrier_rank0.py"), "--hang-timeout", "5", "--json", str(report), "--plain"],
+         str(FIXTURES / "hang_barrier_rank0.py"), "--hang-timeout", "5", "--json", str(report), "--plain", "-q",
+         "--keep-evidence", str(evidence)],
         cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     data = json.loads(report.read_text())
@@ -109,3 +111,6 @@ def test_hang_inside_an_existing_launch_goes_through_the_store(tmp_path):
     assert finding["severity"] == "error"
     assert finding["location"]["file"].endswith("hang_barrier_rank0.py")
     assert finding["evidence"]["ranks"]["0"]["where"]["function"] == "validate"
+    assert "[rank0]" not in proc.stdout, "-q hides the script's output in this mode too"
+    gathered = sorted(p.name for p in evidence.iterdir())
+    assert len(gathered) >= 2 and all(name.startswith("events-") for name in gathered), gathered

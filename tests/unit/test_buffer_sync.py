@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import SCRIPT, buffers, ddp_wrap, fp, make_evidence, merge, on_all
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.buffer_sync import analyze
 
 BUFFERS = ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from builders import SCRIPT, collective, exception, frame, hang_snapshot, init_pg, make_evidence, merge, on_all
+from builders import SCRIPT, collective, exception, frame, init_pg, make_evidence, merge, on_all, stop_snapshot
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.collective_hang import analyze
 
 
@@ -81,14 +81,14 @@ def test_subgroup_and_point_to_point_collectives_are_not_compared():
 
 def hung_in_barrier(**kwargs):
     """Rank 0 waits in a barrier rank 1 never calls; rank 1 computes in user code."""
-    hang = hang_snapshot(
+    hang = stop_snapshot(
         {0: {"activity": "in barrier #3", "steps": 5}, 1: {"activity": "training", "steps": 5}},
         {0: [frame(40, user=True), frame(3000, user=False, function="barrier")],
          1: [frame(50, user=True, function="train_step")]}, **kwargs)
     return traced(2, {
         0: [collective("all_reduce", 1), collective("all_reduce", 2), collective("barrier", 3, shape=None, line=40)],
         1: [collective("all_reduce", 1), collective("all_reduce", 2)],
-    }, outcome="hung", hang=hang)
+    }, outcome="hung", stop=hang)
 
 
 def test_hang_names_the_waiting_rank_and_the_collective_the_other_never_called():
@@ -98,27 +98,28 @@ def test_hang_names_the_waiting_rank_and_the_collective_the_other_never_called()
     assert finding.severity == "error"
     assert finding.ranks == (0, 1)
     assert finding.location == Location(SCRIPT, 40)
-    assert finding.message == ("the job hung: rank 0 waits in barrier #3 at train.py:40 (main); first divergence at "
-                               "collective #3: rank 0 called barrier at train.py:40, rank 1 never called collective #3")
+    assert finding.message == ("the job hung: rank 0 waits in barrier #3 at train.py:40 (main); rank 1 is computing "
+                               "in its own code at train.py:50 (train_step); first divergence at collective #3: "
+                               "rank 0 called barrier at train.py:40, rank 1 never called collective #3")
     assert finding.evidence["first_divergence"] == 3
     assert finding.evidence["threshold_s"] == 30.0
     states = finding.evidence["ranks"]
     assert states["0"]["state"] == "waiting"
     assert states["0"]["last_collective"]["op"] == "barrier"
-    assert states["1"]["state"] == "running"
+    assert states["1"]["state"] == "computing"
     assert result.status == "fail"
     assert result.summary == "job hung (ranks 0, 1)"
 
 
 def test_hang_names_exited_and_never_started_ranks():
-    hang = hang_snapshot(
+    hang = stop_snapshot(
         {0: {"activity": "in all_reduce #2"}, 1: {"activity": "exited"}},
         {0: [frame(40, user=True), frame(3000, user=False)]}, exited=[1], missing=[2])
     evidence = traced(3, {
         0: [collective("all_reduce", 1), collective("all_reduce", 2, line=44)],
         1: [collective("all_reduce", 1)],
         2: [],
-    }, outcome="hung", hang=hang)
+    }, outcome="hung", stop=hang)
     (finding,) = analyze(evidence).findings
     assert finding.ranks == (0, 1, 2)
     assert "rank 1 had already exited" in finding.message
@@ -128,11 +129,11 @@ def test_hang_names_exited_and_never_started_ranks():
 
 
 def test_hang_with_matching_traces_points_at_the_waiting_rank():
-    hang = hang_snapshot(
+    hang = stop_snapshot(
         {0: {"activity": "in all_reduce #1"}, 1: {"activity": "in all_reduce #1"}},
         {0: [frame(77, user=True), frame(1, user=False)], 1: [frame(77, user=True), frame(1, user=False)]})
     trace = [collective("all_reduce", 1)]
-    (finding,) = analyze(traced(2, {0: trace, 1: trace}, outcome="hung", hang=hang)).findings
+    (finding,) = analyze(traced(2, {0: trace, 1: trace}, outcome="hung", stop=hang)).findings
     assert finding.location == Location(SCRIPT, 77)
     assert finding.evidence["first_divergence"] is None
     assert finding.message == ("the job hung: rank 0 waits in all_reduce #1 at train.py:77 (main); "
@@ -140,9 +141,9 @@ def test_hang_with_matching_traces_points_at_the_waiting_rank():
 
 
 def test_timeout_is_not_reported_as_a_hang():
-    hang = hang_snapshot({0: {}, 1: {}}, {}, reason="timeout")
+    hang = stop_snapshot({0: {}, 1: {}}, {}, reason="timeout")
     trace = [collective("all_reduce", 1)]
-    result = analyze(traced(2, {0: trace, 1: trace}, outcome="timeout", hang=hang))
+    result = analyze(traced(2, {0: trace, 1: trace}, outcome="timeout", stop=hang))
     assert result.findings == []
 
 
@@ -160,19 +161,18 @@ def test_single_process_is_skipped():
 
 def test_location_prefers_the_call_made_inside_a_rank_dependent_branch():
     rank0 = collective("all_reduce", 1, line=61, t=1.0)
-    rank1 = collective("barrier", 1, shape=None, line=99, t=2.0)
-    rank1["rank_branch"] = True
+    rank1 = collective("barrier", 1, shape=None, line=99, t=2.0, rank_branch=True)
     (finding,) = analyze(traced(2, {0: [rank0], 1: [rank1]})).findings
     assert finding.location == Location(SCRIPT, 99)
 
 
 def test_hang_in_ddp_backward_is_named_from_the_stack():
-    hang = hang_snapshot(
+    hang = stop_snapshot(
         {0: {"activity": "training"}, 1: {"activity": "exited"}},
         {0: [frame(33, user=True), frame(1, user=False, file="/venv/torch/autograd/graph.py", function="backward")]},
         exited=[1])
     trace = [collective("all_reduce", 1)]
-    (finding,) = analyze(traced(2, {0: trace, 1: trace}, outcome="hung", hang=hang)).findings
+    (finding,) = analyze(traced(2, {0: trace, 1: trace}, outcome="hung", stop=hang)).findings
     assert finding.message.startswith("the job hung: rank 0 waits in the backward pass (DDP's gradient all-reduce) "
                                       "at train.py:33 (main)")
     assert finding.location == Location(SCRIPT, 33)
@@ -196,3 +196,66 @@ def test_a_rank_that_simply_called_more_collectives_without_failing_is_clean():
         1: [collective("broadcast", 1, line=61)],
     }))
     assert result.findings == []
+
+
+# -- what each rank waits in, and mismatches gloo raises about at once -------------------------------
+
+def test_all_gather_with_a_different_size_per_rank_names_the_op_the_sizes_and_the_line():
+    def gather(size):
+        return collective("all_gather", 1, line=33, tensors=[[[size], "float32"], [[size], "float32"],
+                                                               [[size], "float32"]])
+    (finding,) = analyze(traced(2, {
+        0: [gather(4), exception("RuntimeError", "Mismatch in buffer sizes", seq=1)],
+        1: [gather(5)],
+    }, outcome="failed")).findings
+    assert finding.evidence["kind"] == "mismatch"
+    assert finding.location == Location(SCRIPT, 33)
+    assert finding.message == ("collective #1 differs across ranks: rank 0 called all_gather of float32[4] at "
+                               "train.py:33, rank 1 called all_gather of float32[5] at train.py:33")
+
+
+def test_root_only_lists_of_gather_and_scatter_are_not_a_mismatch():
+    result = analyze(traced(2, {
+        0: [collective("gather", 1, tensors=[[[4], "float32"], [[4], "float32"], [[4], "float32"]])],
+        1: [collective("gather", 1, tensors=[[[4], "float32"]])],
+    }))
+    assert result.findings == []
+
+
+def test_a_wait_in_ddp_bucket_rebuild_is_not_called_a_buffer_broadcast():
+    ddp = "/venv/torch/nn/parallel/distributed.py"
+    hang = stop_snapshot(
+        {0: {"activity": "training"}, 1: {"activity": "exited"}},
+        {0: [frame(33, user=True), frame(1800, user=False, file=ddp, function="forward"),
+             frame(1775, user=False, file=ddp, function="_pre_forward",
+                   code="if torch.is_grad_enabled() and self.reducer._rebuild_buckets():")]},
+        exited=[1])
+    (finding,) = analyze(traced(2, {0: [], 1: []}, outcome="hung", stop=hang)).findings
+    assert "bucket rebuild" in finding.message
+    assert "buffer broadcast" not in finding.message
+
+
+def test_a_stop_for_no_progress_is_a_warning_not_a_hang():
+    hang = stop_snapshot(
+        {0: {"activity": "training"}, 1: {"activity": "in barrier #2"}},
+        {0: [frame(12, user=True), frame(300, user=False, file="/venv/torch/serialization.py", function="_save")],
+         1: [frame(40, user=True), frame(3000, user=False, function="barrier")]}, reason="no-progress")
+    (finding,) = analyze(traced(2, {0: [], 1: []}, outcome="hung", stop=hang)).findings
+    assert finding.severity == "warning"
+    assert finding.evidence["kind"] == "no-progress"
+    assert finding.evidence["ranks"]["0"]["state"] == "busy"
+    assert "rank 0 is busy in torch.save / torch.load called from train.py:12" in finding.message
+    assert "not proven to be a hang" in finding.message
+
+
+def test_a_stall_that_resolved_is_info():
+    stall = stop_snapshot(
+        {0: {"activity": "training"}, 1: {"activity": "in barrier #2"}},
+        {0: [frame(12, user=True), frame(300, user=False, file="/venv/torch/serialization.py", function="_save")],
+         1: [frame(40, user=True), frame(3000, user=False, function="barrier")]}, reason="no-progress")
+    trace = [collective("barrier", 1, shape=None)]
+    result = analyze(traced(2, {0: trace, 1: trace}, stalls=[stall]))
+    (finding,) = result.findings
+    assert finding.severity == "info"
+    assert finding.evidence["kind"] == "stall"
+    assert result.status == "pass"

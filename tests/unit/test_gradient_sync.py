@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from builders import (SCRIPT, ddp_wrap, fp, make_evidence, merge, on_all, optimizer, process_start, step,
-                      window)
+from builders import (SCRIPT, ddp_wrap, forwards, fp, make_evidence, merge, on_all, optimizer, process_start, step,
+                      usage)
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks import gradient_sync
 from ddpdoctor.checks.gradient_sync import analyze
 
@@ -65,7 +65,7 @@ def test_outside_ddp_parameter_not_in_the_wrapped_module():
 
 
 def test_step_in_no_sync_when_every_backward_of_the_window_ran_under_no_sync():
-    no_sync_only = {"0": window(synced=0, unsynced=2)}
+    no_sync_only = {"0": forwards(synced=0, unsynced=2)}
     result = run(2, [ddp_wrap(NAMES), optimizer(NAMES)], {
         0: [step(1, fp(1.0, 2.0), ddp=no_sync_only)],
         1: [step(1, fp(-1.0, 2.0), ddp=no_sync_only)],
@@ -76,7 +76,7 @@ def test_step_in_no_sync_when_every_backward_of_the_window_ran_under_no_sync():
 
 
 def test_ddp_bypassed_when_the_inner_module_ran_without_the_wrapper():
-    bypass = {"0": window(synced=0, unsynced=0, inner=1, unused=None)}
+    bypass = {"0": forwards(synced=0, unsynced=0, inner=1)}
     result = run(2, [ddp_wrap(NAMES), optimizer(NAMES)], {
         0: [step(1, fp(1.0, 2.0), ddp=bypass)],
         1: [step(1, fp(1.0, 2.5), ddp=bypass)],
@@ -97,10 +97,9 @@ def test_modified_after_backward_when_ddp_synchronized_the_backward():
 
 
 def test_reduction_incomplete_when_a_parameter_got_no_gradient_without_find_unused():
-    unused = {"0": window(synced=1, unused=[1])}
-    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES)], {
-        0: [step(1, fp(1.0, 2.0), ddp=unused)],
-        1: [step(1, fp(3.0, 2.0), ddp=unused)],
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), usage(1, {1: 1}, last_unused=[1])], {
+        0: [step(1, fp(1.0, 2.0))],
+        1: [step(1, fp(3.0, 2.0))],
     })
     assert only_finding(result).evidence["case"] == "reduction-incomplete"
 
@@ -162,6 +161,19 @@ def test_missing_gradient_on_one_rank_differs_from_a_present_one():
     assert only_finding(result).evidence["parameter"] == "fc.bias"
 
 
+def test_window_of_the_module_owning_the_parameter_decides_the_case():
+    # Two DDP modules (a GAN): the generator's forwards since the critic's step say nothing about
+    # the critic's own parameters, which were stepped inside no_sync.
+    setup = [ddp_wrap(["g.w"], ddp=0), ddp_wrap(["d.w"], ddp=1), optimizer(["g.w"], opt=0, ddp_of=[0]),
+             optimizer(["d.w"], opt=1, ddp_of=[1])]
+    windows = {"0": forwards(synced=2), "1": forwards(synced=0, unsynced=1)}
+    result = run(2, setup, {
+        0: [step(1, fp(1.0), opt=1, ddp=windows)],
+        1: [step(1, fp(2.0), opt=1, ddp=windows)],
+    })
+    assert only_finding(result).evidence["case"] == "step-in-no-sync"
+
+
 def test_second_optimizer_names_come_from_its_own_optimizer_event():
     setup = [ddp_wrap(["a.w", "b.w"]), optimizer(["a.w"], opt=0), optimizer(["b.w"], opt=1)]
     result = run(2, setup, {
@@ -184,7 +196,7 @@ def test_nan_gradient_on_one_rank_only_is_a_divergence():
 # -- the check stays silent -------------------------------------------------------------------------
 
 def test_no_sync_gradient_accumulation_stepping_after_a_synced_forward_is_clean():
-    accumulate = {"0": window(synced=1, unsynced=3)}
+    accumulate = {"0": forwards(synced=1, unsynced=3)}
     steps = [step(n, fp(1.0 * n, 2.0), fp(3.0 * n, 4.0), ddp=accumulate) for n in (1, 2, 3)]
     result = run(2, [ddp_wrap(NAMES), optimizer(NAMES)], {0: steps, 1: steps})
     assert result.findings == []

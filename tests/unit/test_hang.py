@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdoctor.hang import MIN_ADAPTIVE_S, STEP_FACTOR, HangDetector
+from ddpdoctor.schema.observations import Heartbeat
+from ddpdoctor.supervisor.hang import MIN_ADAPTIVE_S, STEP_FACTOR, HangDetector, classify
 
 
 def test_default_threshold_is_30_seconds_before_any_step():
@@ -46,35 +47,61 @@ def test_fixed_threshold_overrides_the_adaptive_one():
     assert d.threshold_s() == 5.0
 
 
-def test_stalled_ranks_are_the_live_ones_without_progress_past_the_threshold():
+def test_job_stall_age_is_the_time_since_any_live_rank_progressed():
     d = HangDetector()
     d.observe(0.0, 0, progress=7, steps=0)
     d.observe(0.0, 1, progress=7, steps=0)
     d.observe(0.0, 2, progress=7, steps=0)
     d.observe(20.0, 1, progress=8, steps=0)
     d.observe(25.0, 0, progress=7, steps=0)  # same progress: still stalled since t=0
-    assert d.stalled(30.0, {0, 1, 2}) == []  # exactly at the threshold is not past it
-    assert d.stalled(31.0, {0, 1, 2}) == [0, 2]
-    assert d.stalled(31.0, {0, 1}) == [0]  # rank 2 is not live
-    assert d.stalled(31.0, {0, 1, 5}) == [0]  # rank 5 never observed
+    assert d.job_stall_age(31.0, {0, 1, 2}) == pytest.approx(11.0)  # rank 1 progressed at t=20
+    assert d.job_stall_age(31.0, {0, 2}) == pytest.approx(31.0)
+    assert d.job_stall_age(31.0, {0, 5}) == 0.0  # rank 5 never observed: not judged yet
     assert d.stall_age(31.0, 0) == pytest.approx(31.0)
-    assert d.stall_age(31.0, 1) == pytest.approx(11.0)
     assert d.stall_age(31.0, 5) == 0.0
 
 
-def test_stalled_with_a_fixed_threshold():
-    d = HangDetector(fixed_timeout_s=2.0)
-    d.observe(0.0, 0, 1, 0)
-    assert d.stalled(2.0, {0}) == []
-    assert d.stalled(2.5, {0}) == [0]
+# -- classifying a stalled rank from its stack ----------------------------------------------------------
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
 
 
-def test_reset_forgets_a_stall_judged_to_be_computation():
-    d = HangDetector()
-    d.observe(0.0, 0, 1, 0)
-    assert d.stalled(40.0, {0}) == [0]
-    d.reset(0, 40.0)
-    assert d.stalled(41.0, {0}) == []
-    assert d.stalled(71.0, {0}) == [0]
-    d.reset(9, 40.0)  # unknown rank: nothing to forget
-    assert 9 not in d.ranks
+def frame(file, function, *, user=False, code=""):
+    return {"file": file, "line": 1, "function": function, "code": code, "user": user}
+
+
+def beat(activity="training"):
+    return Heartbeat(pid=1, rank=0, activity=activity)
+
+
+def test_a_traced_collective_in_progress_is_waiting():
+    assert classify([frame("/job/train.py", "main", user=True)], beat("in barrier #4")) == ("waiting", "barrier #4")
+
+
+def test_ddp_backward_is_waiting_for_the_gradient_all_reduce():
+    stack = [frame("/job/train.py", "main", user=True), frame(f"{TORCH}/autograd/graph.py", "_engine_run_backward")]
+    assert classify(stack, beat()) == ("waiting", "the backward pass (DDP's gradient all-reduce)")
+
+
+@pytest.mark.parametrize("function, code, expected", [
+    ("_pre_forward", "if torch.is_grad_enabled() and self.reducer._rebuild_buckets():", "bucket rebuild"),
+    ("_sync_buffers", "self._sync_module_buffers(authoritative_rank)", "buffer broadcast"),
+    ("_verify_param_shape_across_processes", "", "parameter shapes"),
+])
+def test_ddp_internal_waits_are_named(function, code, expected):
+    stack = [frame("/job/train.py", "main", user=True),
+             frame(f"{TORCH}/nn/parallel/distributed.py", function, code=code)]
+    state, what = classify(stack, beat())
+    assert state == "waiting" and expected in what
+
+
+def test_a_large_save_or_a_slow_loader_is_busy_not_waiting():
+    save = [frame("/job/train.py", "main", user=True), frame(f"{TORCH}/serialization.py", "_save")]
+    assert classify(save, beat())[0] == "busy"
+    loader = [frame("/job/train.py", "main", user=True), frame(f"{TORCH}/utils/data/dataloader.py", "_try_get_data"),
+              frame("/usr/lib/python3.11/threading.py", "wait")]
+    assert classify(loader, beat())[0] == "busy"
+
+
+def test_the_users_own_code_is_computing():
+    assert classify([frame("/job/train.py", "main", user=True)], beat()) == ("computing", None)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from ddpdoctor.compare import RTOL, differs, relative_difference
-from ddpdoctor.indices import decode_indices, encode_indices, order_hash
+from ddpdoctor.analysis.compare import RTOL, differs, relative_difference
+from ddpdoctor.schema.indices import decode_indices, encode_indices, order_hash
 
 
 @pytest.mark.parametrize("indices", [

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from builders import SCRIPT, ddp_wrap, event, fp, init_pg, make_evidence, merge, on_all, optimizer, step
+from builders import (SCRIPT, ddp_wrap, exception, fp, init_pg, make_evidence, merge, on_all, optimizer, process_start,
+                      step, stop_snapshot)
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.not_distributed import analyze
 
 
 def test_no_process_group_is_an_error_naming_the_independent_copies():
-    evidence = make_evidence(2, [event("process_start"), step(1, fp(1.0))])
+    evidence = make_evidence(2, [process_start(), step(1, fp(1.0))])
     result = analyze(evidence)
     (finding,) = result.findings
     assert finding.check == "not-distributed"
@@ -18,18 +19,18 @@ def test_no_process_group_is_an_error_naming_the_independent_copies():
     assert finding.location is None
     assert finding.message == ("the script never called torch.distributed.init_process_group: 2 independent copies "
                                "of the script ran, nothing was distributed")
-    assert finding.evidence == {"processes": 2}
+    assert finding.evidence == {"kind": "no-process-group", "processes": 2}
     assert "init_process_group" in finding.fix
     assert result.status == "fail"
 
 
 def test_a_lone_unranked_process_without_process_group_is_an_error():
-    evidence = make_evidence(0, {}, unranked=[event("process_start")])
+    evidence = make_evidence(0, {}, unranked=[process_start()])
     (finding,) = analyze(evidence).findings
     assert finding.severity == "error"
     assert finding.ranks == ()
     assert "the script ran alone" in finding.message
-    assert finding.evidence == {"processes": 1}
+    assert finding.evidence == {"kind": "no-process-group", "processes": 1}
 
 
 def test_process_group_without_ddp_or_training_is_a_warning():
@@ -39,7 +40,7 @@ def test_process_group_without_ddp_or_training_is_a_warning():
     assert finding.ranks == (0, 1)
     assert finding.location == Location(SCRIPT, 7)
     assert "no model was wrapped in DistributedDataParallel and no optimizer stepped" in finding.message
-    assert finding.evidence == {"optimizer_steps": 0}
+    assert finding.evidence == {"kind": "no-training", "optimizer_steps": 0}
     assert result.status == "warn"
 
 
@@ -50,7 +51,7 @@ def test_process_group_without_ddp_and_diverging_gradients_is_a_warning():
     assert finding.severity == "warning"
     assert finding.message == ("a process group was initialized but the model was never wrapped in "
                                "DistributedDataParallel")
-    assert finding.evidence == {"optimizer_steps": 2}
+    assert finding.evidence == {"kind": "no-ddp", "optimizer_steps": 2}
 
 
 def test_gradients_averaged_by_hand_without_ddp_is_info():
@@ -60,7 +61,7 @@ def test_gradients_averaged_by_hand_without_ddp_is_info():
     (finding,) = result.findings
     assert finding.severity == "info"
     assert "gradients matched across ranks in 2 steps" in finding.message
-    assert finding.evidence == {"steps_compared": 2}
+    assert finding.evidence == {"kind": "averaged-by-hand", "steps_compared": 2}
     assert result.status == "pass"
 
 
@@ -80,3 +81,19 @@ def test_no_evidence_at_all_is_skipped():
     result = analyze(make_evidence(2, {}))
     assert result.status == "skip"
     assert result.summary == "no rank produced evidence"
+
+
+def test_never_fires_once_a_rank_failed():
+    # A crash at import, or before any training, on every rank: rank-failure names it; that no
+    # process group or DDP was reached proves nothing.
+    evidence = make_evidence(2, [process_start(), exception("ModuleNotFoundError", "No module named 'timm'")],
+                             outcome="failed")
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.status == "skip"
+
+
+def test_never_fires_when_ddpdoctor_stopped_the_job():
+    stop = stop_snapshot({0: {}, 1: {}}, {}, reason="timeout")
+    result = analyze(make_evidence(2, [init_pg(2)], outcome="timeout", stop=stop))
+    assert result.findings == []

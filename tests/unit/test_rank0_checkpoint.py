@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import SCRIPT, collective, dcp, ddp_wrap, load, make_evidence, save
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.rank0_checkpoint import analyze
 
 CKPT = "/ckpt/model.pt"

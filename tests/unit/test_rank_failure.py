@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from builders import SCRIPT, event, exception, failure, make_evidence, merge, step, sys_exit
+from builders import (SCRIPT, exception, exit_event, failure, init_pg, make_evidence, merge, step, stop_snapshot,
+                      sys_exit)
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.rank_failure import analyze
 
 
@@ -125,7 +126,7 @@ def test_sys_exit_is_reported_with_its_code_and_location():
     evidence = make_evidence(2, {1: [sys_exit(3, t=4.0, line=50)], 0: []}, outcome="failed",
                              failures=[failure(1, exitcode=3)])
     finding = only_finding(analyze(evidence))
-    assert finding.message == "rank 1 called sys.exit(3) after optimizer step 0"
+    assert finding.message == "rank 1 called sys.exit(3) before the first optimizer step"
     assert finding.location == Location(SCRIPT, 50)
     assert finding.evidence["kind"] == "exit"
     assert finding.evidence["secondary"] == []  # the exit code row is explained by the sys_exit event
@@ -141,7 +142,7 @@ def test_exception_explains_its_own_exit_code_row():
 
 def test_exception_in_the_launcher_process_has_no_rank():
     evidence = make_evidence(2, {}, outcome="failed",
-                             unranked=[{**exception("FileNotFoundError", "no such file: data.csv", t=1.0)}])
+                             unranked=[exception("FileNotFoundError", "no such file: data.csv", t=1.0)])
     finding = only_finding(analyze(evidence))
     assert finding.ranks == ()
     assert finding.message == "the launcher process raised FileNotFoundError: no such file: data.csv"
@@ -150,7 +151,7 @@ def test_exception_in_the_launcher_process_has_no_rank():
 # -- ddpdoctor stopped the job ---------------------------------------------------------------------
 
 def test_nothing_reported_when_ddpdoctor_stopped_a_hung_job():
-    evidence = make_evidence(2, trained(2), outcome="hung",
+    evidence = make_evidence(2, trained(2), outcome="hung", stop=stop_snapshot({0: {}, 1: {}}, {}),
                              failures=[failure(0, exitcode=-9, signal="SIGKILL"), failure(1, exitcode=1)])
     result = analyze(evidence)
     assert result.findings == []
@@ -158,7 +159,8 @@ def test_nothing_reported_when_ddpdoctor_stopped_a_hung_job():
 
 
 def test_kills_are_not_blamed_on_a_rank_when_ddpdoctor_stopped_the_job_at_timeout_or_interrupt():
-    for supervisor in ({"outcome": "timeout", "timeout_s": 5.0}, {"outcome": "failed", "interrupted": True}):
+    for supervisor in ({"outcome": "timeout", "timeout_s": 5.0, "stop": stop_snapshot({}, {}, reason="timeout")},
+                       {"outcome": "failed", "stop": stop_snapshot({}, {}, reason="interrupted", signal="SIGINT")}):
         evidence = make_evidence(2, trained(2), failures=[failure(1, exitcode=-9, signal="SIGKILL")], **supervisor)
         for finding in analyze(evidence).findings:
             assert finding.evidence.get("kind") not in ("signal", "exitcode"), (supervisor, finding)
@@ -167,22 +169,23 @@ def test_kills_are_not_blamed_on_a_rank_when_ddpdoctor_stopped_the_job_at_timeou
 
 def test_exceptions_are_still_reported_when_ddpdoctor_stopped_a_hung_job():
     evidence = make_evidence(2, merge(trained(2), {1: [exception("ValueError", "bad batch", t=10.0, step=3)]}),
-                             outcome="hung", failures=[failure(0, exitcode=-9, signal="SIGKILL")])
+                             outcome="hung", stop=stop_snapshot({0: {}, 1: {}}, {}),
+                             failures=[failure(0, exitcode=-9, signal="SIGKILL")])
     finding = only_finding(analyze(evidence))
     assert finding.ranks == (1,)
     assert finding.evidence["secondary"] == []
 
 
 def test_clean_run_has_no_failure():
-    result = analyze(make_evidence(2, merge(trained(2), {0: [event("exit", code=0)], 1: [event("exit", code=0)]})))
+    result = analyze(make_evidence(2, merge(trained(2), {0: [exit_event(0)], 1: [exit_event(0)]})))
     assert result.findings == []
     assert result.status == "pass"
 
 
 def test_timeout_without_failure_is_reported_as_an_unfinished_job():
-    hang = {"reason": "timeout", "heartbeats": {"0": {"steps": 3, "activity": "training"},
-                                                "1": {"steps": 2, "activity": "in all_reduce #7"}}}
-    evidence = make_evidence(2, trained(2), outcome="timeout", timeout_s=5.0, hang=hang,
+    stop = stop_snapshot({0: {"steps": 3, "activity": "training"}, 1: {"steps": 2, "activity": "in all_reduce #7"}},
+                         {}, reason="timeout")
+    evidence = make_evidence(2, trained(2), outcome="timeout", timeout_s=5.0, stop=stop,
                              failures=[failure(1, exitcode=-9, signal="SIGKILL")])
     finding = only_finding(analyze(evidence))
     assert finding.severity == "error"
@@ -191,9 +194,76 @@ def test_timeout_without_failure_is_reported_as_an_unfinished_job():
 
 
 def test_interrupted_job_without_failure_is_a_warning():
-    evidence = make_evidence(2, trained(2), outcome="failed", interrupted=True,
-                             hang={"reason": "interrupted", "signal": "SIGINT", "heartbeats": {}})
+    evidence = make_evidence(2, trained(2), outcome="failed",
+                             stop=stop_snapshot({}, {}, reason="interrupted", signal="SIGINT"))
     finding = only_finding(analyze(evidence))
     assert finding.severity == "warning"
     assert finding.ranks == (0, 1)
     assert "SIGINT" in finding.message
+
+
+# -- one cause, decoded --------------------------------------------------------------------------------
+
+def test_every_rank_raising_the_same_exception_at_the_same_line_is_one_cause_on_all_ranks():
+    evidence = make_evidence(2, merge(trained(2, steps=0), {
+        0: [exception("ModuleNotFoundError", "No module named 'timm'", t=2.0, line=3)],
+        1: [exception("ModuleNotFoundError", "No module named 'timm'", t=1.0, line=3)],
+    }), outcome="failed")
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.ranks == (0, 1)
+    assert finding.message == ("every rank (0, 1) raised ModuleNotFoundError: No module named 'timm' before the "
+                               "first optimizer step")
+    assert finding.evidence["secondary"] == []
+    assert result.summary == "every rank (0, 1) failed"
+
+
+def test_different_lines_on_different_ranks_are_not_merged():
+    evidence = make_evidence(2, {
+        0: [exception("ValueError", "bad batch", t=2.0, line=30)],
+        1: [exception("ValueError", "bad batch", t=1.0, line=31)],
+    }, outcome="failed")
+    assert only_finding(analyze(evidence)).ranks == (1,)
+
+
+NCCL_DUPLICATE_GPU = (
+    "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run with "
+    "NCCL_DEBUG=WARN for details), NCCL version 2.27.5\n"
+    "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+    "Last error:\n"
+    "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000")
+
+
+def test_nccl_duplicate_gpu_is_decoded_into_one_process_per_gpu():
+    evidence = make_evidence(2, {
+        0: [init_pg(2, backend="nccl"), exception("DistBackendError", NCCL_DUPLICATE_GPU, t=1.0, line=20)],
+        1: [init_pg(2, backend="nccl"), exception("DistBackendError", NCCL_DUPLICATE_GPU, t=1.1, line=20)],
+    }, outcome="failed")
+    finding = only_finding(analyze(evidence))
+    assert finding.ranks == (0, 1)
+    assert "two ranks use the same GPU" in finding.message
+    assert "Duplicate GPU detected : rank 1 and rank 0" in finding.message
+    assert "--nproc-per-node" in finding.fix and "set_device(local_rank)" in finding.fix
+    assert finding.evidence["decoded"]["code"] == "duplicate-gpu"
+
+
+def test_nccl_cause_only_in_the_ranks_output_is_found_there():
+    generic = ("NCCL error in: ProcessGroupNCCL.cpp:1970, invalid usage (run with NCCL_DEBUG=WARN for details), "
+               "NCCL version 2.28.3\nncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+               "Last error:\n")
+    output = ["h100:4242:4242 [0] NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"]
+    evidence = make_evidence(2, {1: [exception("DistBackendError", generic, t=1.0)], 0: []}, outcome="failed",
+                             output_tails={1: output})
+    finding = only_finding(analyze(evidence))
+    assert finding.evidence["decoded"]["code"] == "duplicate-gpu"
+    assert finding.evidence["decoded"]["detail"].startswith("Duplicate GPU detected")
+
+
+def test_only_peer_symptoms_say_so():
+    evidence = make_evidence(2, {
+        0: [exception("DistBackendError", "[gloo] Connection closed by peer [127.0.0.1]:29500", t=5.0)],
+        1: [exit_event(0)],
+    }, outcome="failed")
+    finding = only_finding(analyze(evidence))
+    assert finding.evidence["secondary_only"] is True
+    assert "no rank reported an error of its own" in finding.message

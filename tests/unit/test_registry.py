@@ -1,13 +1,17 @@
-"""Check discovery through entry points, and run_checks' handling of crashing checks."""
+"""Check discovery through entry points, and the runner's handling of crashing checks."""
 
 from __future__ import annotations
 
 import pytest
 from builders import make_evidence
 
-from ddpdoctor.analysis import all_findings, run_checks
-from ddpdoctor.check_api import Check, CheckResult, Finding
-from ddpdoctor.registry import LoadedCheck, find_check, load_checks
+from ddpdoctor.analysis.api import Check, CheckResult, Finding
+from ddpdoctor.analysis.registry import LoadedCheck, find_check, load_checks
+from ddpdoctor.analysis.runner import analyze
+
+
+def run_checks(evidence, checks=None):
+    return analyze(evidence, checks).outcomes
 
 IDS = ["gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
        "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed"]
@@ -79,11 +83,23 @@ def test_builtin_checks_run_on_empty_evidence_without_crashing():
     assert all(o.error is None for o in outcomes), [(o.id, o.error) for o in outcomes]
 
 
-def test_all_findings_orders_errors_then_warnings_then_info():
+def test_findings_are_ordered_errors_then_warnings_then_info():
     def result_with(*severities):
         return lambda e: CheckResult(findings=[Finding(check="c", severity=s, message=s, fix="") for s in severities])
 
     checks = [LoadedCheck(id="a", check=Check(id="a", title="a", docs="", analyze=result_with("info", "warning"))),
               LoadedCheck(id="b", check=Check(id="b", title="b", docs="", analyze=result_with("error")))]
-    findings = all_findings(run_checks(make_evidence(2, []), checks))
+    findings = analyze(make_evidence(2, []), checks).findings
     assert [f.severity for f in findings] == ["error", "warning", "info"]
+
+
+def test_a_failed_probe_marks_the_checks_it_feeds_incomplete():
+    from builders import probe_error
+
+    evidence = make_evidence(2, [probe_error("data", target="_BaseDataLoaderIter._next_index", phase="install")])
+    analysis = analyze(evidence)
+    (problem,) = analysis.probe_errors
+    assert problem["probe"] == "data" and problem["ranks"] == [0, 1]
+    assert set(problem["checks"]) == {"sampler-disjoint", "set-epoch", "uneven-inputs"}
+    incomplete = {o.id for o in analysis.outcomes if o.incomplete}
+    assert incomplete == {"sampler-disjoint", "set-epoch", "uneven-inputs"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import (SCRIPT, distributed_sampler, distributed_shard, loader_pass, make_evidence, plain_sampler)
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.sampler_disjoint import analyze
 
 
@@ -222,15 +222,16 @@ def test_passes_without_batches_are_skipped():
 
 def test_passes_with_opaque_indices_are_not_compared():
     event = loader_pass(list(range(10)), dataset_len=10)
-    event["indices"] = None
+    event.indices = None
     result = analyze(make_evidence(2, [event]))
     assert result.findings == []
 
 
-def test_the_final_record_of_a_pass_supersedes_its_mid_pass_snapshot():
-    # Only the final, complete record of rank 0's pass can show that sample 3 was never drawn.
+def test_a_pass_written_in_parts_is_judged_whole():
+    # Only the final, complete part of rank 0's pass can show that sample 3 was never drawn.
     evidence = make_evidence(2, {
-        0: [loader_pass([0, 1], dataset_len=8, snapshot=True), loader_pass([0, 1, 2], dataset_len=8)],
+        0: [loader_pass([0, 1], dataset_len=8, final=False),
+            loader_pass([2], dataset_len=8, part=1, num_batches=3)],
         1: [loader_pass([4, 5, 6, 7], dataset_len=8)],
     })
     finding = only_finding(analyze(evidence))

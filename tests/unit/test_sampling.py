@@ -1,6 +1,6 @@
 """The fingerprint schedule is a pure function of the step, the same on every rank."""
 
-from ddpdoctor.sampling import AUTO, describe, should_fingerprint
+from ddpdoctor.schema.sampling import AUTO, describe, should_fingerprint
 
 
 def test_explicit_interval_starts_at_the_first_step():

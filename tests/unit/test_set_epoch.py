@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import SCRIPT, distributed_sampler, distributed_shard, loader_pass, make_evidence, plain_sampler
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.set_epoch import analyze
 
 
@@ -86,13 +86,14 @@ def test_no_loader_pass_is_skipped():
     assert analyze(make_evidence(2, [])).status == "skip"
 
 
-def test_a_pass_recorded_mid_way_and_at_its_end_counts_once():
+def test_a_pass_written_in_parts_counts_once():
     events = {}
     for r in range(2):
         shard = distributed_shard(8, 2, r)
         events[r] = [
-            loader_pass(shard[:2], number=0, dataset_len=8, snapshot=True, sampler=distributed_sampler(2, r, 8, epoch=0)),
-            loader_pass(shard, number=0, dataset_len=8, sampler=distributed_sampler(2, r, 8, epoch=0)),
+            loader_pass(shard[:2], number=0, dataset_len=8, final=False, sampler=distributed_sampler(2, r, 8, epoch=0)),
+            loader_pass(shard[2:], number=0, part=1, num_batches=4, dataset_len=8,
+                        sampler=distributed_sampler(2, r, 8, epoch=0)),
             loader_pass(shard, number=1, dataset_len=8, sampler=distributed_sampler(2, r, 8, epoch=1)),
         ]
     result = analyze(make_evidence(2, events))

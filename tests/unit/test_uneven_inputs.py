@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import (SCRIPT, ddp_wrap, exception, failure, join, loader_pass, make_evidence, merge, on_all, step)
 
-from ddpdoctor.check_api import Location
+from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.uneven_inputs import analyze
 
 
@@ -24,7 +24,9 @@ def test_different_batch_counts_in_a_training_pass_are_an_error():
     assert finding.ranks == (0, 1)
     assert finding.location == Location(SCRIPT, 12)
     assert finding.message == ("ranks ran different numbers of training batches in pass 0 over the DataLoader "
-                               "(rank 0: 5, rank 1: 4) then hung")
+                               "(rank 0: 5, rank 1: 4) then hung: the ranks' shares of the data have different "
+                               "lengths")
+    assert finding.evidence["cause"] == "data"
     assert finding.evidence["batches"] == {"0": 5, "1": 4}
     assert finding.evidence["outcome"] == "hung"
     assert finding.evidence["num_uneven_passes"] == 1
@@ -34,7 +36,7 @@ def test_different_batch_counts_in_a_training_pass_are_an_error():
 
 def test_uneven_job_that_finished_anyway_says_so():
     (finding,) = analyze(uneven({0: 5, 1: 4, 2: 5})).findings
-    assert finding.message.endswith("(rank 0: 5, rank 1: 4, rank 2: 5) and the job finished anyway")
+    assert "(rank 0: 5, rank 1: 4, rank 2: 5) and the job finished anyway" in finding.message
     assert finding.ranks == (0, 1, 2)
 
 
@@ -102,20 +104,20 @@ def test_no_ddp_is_skipped():
     assert result.summary == "no DDP training on several ranks"
 
 
-def test_a_mid_pass_snapshot_is_superseded_by_the_final_record_of_the_same_pass():
-    # A stall judged to be computation: the watchdog recorded rank 0's open pass at 3 batches,
-    # then the pass went on to finish with 5 like rank 1's.
+def test_the_last_part_of_a_pass_gives_its_batch_count():
+    # Rank 0's pass was written at 3 batches (a stall made the monitor ask), then went on to finish
+    # with 5 like rank 1's.
     evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
-        0: [loader_pass(list(range(3)), snapshot=True), loader_pass(list(range(5)))],
+        0: [loader_pass(list(range(3)), final=False), loader_pass([3, 4], part=1, num_batches=5)],
         1: [loader_pass(list(range(5, 10)))],
     }))
     result = analyze(evidence)
     assert result.findings == []
 
 
-def test_a_snapshot_of_a_rank_stopped_by_ddpdoctor_counts_its_batches():
+def test_an_open_pass_of_a_rank_stopped_by_ddpdoctor_counts_its_batches():
     evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
-        0: [loader_pass(list(range(5)), snapshot=True)],
+        0: [loader_pass(list(range(5)), final=False)],
         1: [loader_pass(list(range(5, 9)))],
     }), outcome="hung")
     (finding,) = analyze(evidence).findings

@@ -1,0 +1,88 @@
+"""NCCL and CUDA error texts (as torch and NCCL print them) decoded into causes and fixes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdoctor.analysis.decode import decode, last_error_line
+
+NCCL_HEAD = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, {what}, "
+             "NCCL version 2.27.5\n")
+
+CAPTURED = {
+    # torch 2.x with NCCL 2.2x: the cause in NCCL's "Last error:" line
+    "duplicate-gpu": NCCL_HEAD.format(what="invalid usage (run with NCCL_DEBUG=WARN for details)")
+    + "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+      "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000",
+    # older NCCL reported it as an internal error
+    "duplicate-gpu-internal": "NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, internal "
+    "error, NCCL version 2.14.3\nncclInternalError: Internal check failed.\nLast error:\n"
+    "Duplicate GPU detected : rank 0 and rank 4 both on CUDA device 7000",
+    "nccl-system-error": NCCL_HEAD.format(what="unhandled system error (run with NCCL_DEBUG=INFO for details)")
+    + "ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error. \n"
+      "Last error:\nsocketStartConnect: Connect to 10.1.2.3<43531> failed : Software caused connection abort",
+    "nccl-remote-error": NCCL_HEAD.format(what="remote process exited or there was a network error")
+    + "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+      "Last error:\nNET/IB : Got completion from peer 10.1.2.4<52033> with status=12 opcode=0 len=0 vendor err 129",
+    "nccl-cuda-error": NCCL_HEAD.format(what="unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
+    + "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\n"
+      "Cuda failure 217 'peer access is not supported between these two devices'",
+    "cuda-oom": "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which "
+    "1.50 GiB is free. Including non-PyTorch memory, this process has 77.60 GiB memory in use.",
+    "device-assert": "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported "
+    "at some other API call, so the stacktrace below might be incorrect.\nFor debugging consider passing "
+    "CUDA_LAUNCH_BLOCKING=1\nCompile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+    "watchdog-timeout": "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, "
+    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600030 milliseconds before timing out.",
+    "invalid-ordinal": "CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough GPUs?",
+}
+
+
+@pytest.mark.parametrize("captured, code, secondary", [
+    ("duplicate-gpu", "duplicate-gpu", False),
+    ("duplicate-gpu-internal", "duplicate-gpu", False),
+    ("nccl-system-error", "nccl-system-error", False),
+    ("nccl-remote-error", "nccl-remote-error", True),
+    ("nccl-cuda-error", "nccl-cuda-error", False),
+    ("cuda-oom", "cuda-oom", False),
+    ("device-assert", "device-assert", False),
+    ("watchdog-timeout", "nccl-watchdog-timeout", True),
+    ("invalid-ordinal", "invalid-device-ordinal", False),
+])
+def test_captured_error_texts_decode_to_their_cause(captured, code, secondary):
+    decoded = decode(CAPTURED[captured])
+    assert decoded is not None
+    assert decoded.code == code
+    assert decoded.secondary is secondary
+    assert decoded.cause and decoded.fix
+
+
+def test_the_last_error_line_reaches_the_detail():
+    assert last_error_line(CAPTURED["nccl-system-error"]).startswith("socketStartConnect: Connect to 10.1.2.3")
+    assert decode(CAPTURED["nccl-cuda-error"]).detail == ("Cuda failure 217 'peer access is not supported between "
+                                                         "these two devices'")
+    assert "1a000" in decode(CAPTURED["duplicate-gpu"]).detail
+
+
+def test_a_cause_written_only_to_the_ranks_output_is_found_there():
+    generic = NCCL_HEAD.format(what="invalid usage (run with NCCL_DEBUG=WARN for details)") + \
+        "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+    output = ["[rank1]: some line", "h100-1:4242:4242 [1] NCCL WARN Duplicate GPU detected : rank 1 and rank 0 both "
+              "on CUDA device 1a000"]
+    decoded = decode(generic, output)
+    assert decoded.code == "duplicate-gpu"
+    assert decoded.detail == "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"
+    assert decode(generic).code == "nccl-invalid-usage"
+
+
+def test_a_device_assert_names_the_failed_assertion_from_the_output():
+    output = ["../aten/src/ATen/native/cuda/Loss.cu:250: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+              "thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed."]
+    assert decode("RuntimeError: CUDA error: device-side assert triggered", output).code == "device-assert"
+
+
+@pytest.mark.parametrize("message", [
+    "bad batch", "invalid usage of my own API", "internal error in my parser", "ValueError: out of range",
+])
+def test_ordinary_errors_are_not_decoded(message):
+    assert decode(message) is None
