@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.runner import Analysis
-from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, InitProcessGroup
+from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, InitProcessGroup, ProcessStart
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
@@ -59,6 +59,8 @@ class Report:
     nodes: list[int] = field(default_factory=list)
     probe_errors: list[dict] = field(default_factory=list)
     missing_ranks: list[int] = field(default_factory=list)
+    torch_version: str = ""
+    python_version: str = ""
     role: str = "report"  # "peer": a non-zero rank of an existing launch; rank 0 holds the report
     peer_exit_code: int = 0
 
@@ -86,6 +88,8 @@ class Report:
             "duration_s": round(self.duration_s, 3),
             "launch_mode": self.launch_mode,
             "evidence_schema": SCHEMA_VERSION,
+            "torch_version": self.torch_version,
+            "python_version": self.python_version,
             "ranks": self.ranks,
             "nodes": self.nodes,
             "missing_ranks": self.missing_ranks,
@@ -105,7 +109,10 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
                  duration_s: float) -> Report:
     backend, device = _backend_and_device(evidence)
     observations = evidence.observations
+    starts = [e for _, e in evidence.events(ProcessStart)] + [e for e in evidence.unranked if isinstance(e, ProcessStart)]
     return Report(
+        torch_version=next((e.torch_version for e in starts if e.torch_version), ""),
+        python_version=next((e.python_version for e in starts if e.python_version), ""),
         version=version, script=script, argv=argv, world_size=evidence.world_size, nnodes=evidence.nnodes,
         backend=backend, device=device, outcome=evidence.outcome, duration_s=duration_s,
         launch_mode=observations.launch_mode,

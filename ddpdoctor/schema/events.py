@@ -90,6 +90,8 @@ class ProcessStart(Event):
     world_size: Optional[int] = None
     fingerprint_every: int = 0
     schema_version: int = SCHEMA_VERSION
+    python_version: str = ""
+    torch_version: str = ""
 
 
 @dataclass(kw_only=True, slots=True)

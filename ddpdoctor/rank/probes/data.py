@@ -81,7 +81,9 @@ class _Pass:
         if not self.open:
             return
         self.open = False
-        self.registry.remove(self)
+        with self.rec.guard(PROBE, "loader pass"):
+            if self in self.registry:
+                self.registry.remove(self)
         self.write(final=True, complete=complete)
         self.drawn = []
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import platform
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
@@ -42,4 +44,5 @@ def install(rec: Recorder) -> None:
         patch(rec, PROBE, owner, "init_process_group", wrap_init)
         patch(rec, PROBE, owner, "destroy_process_group", wrap_destroy)
     rec.emit(ProcessStart(pid=os.getpid(), host=rec.host, local_rank=rec.local_rank, node_rank=rec.node_rank,
-                          world_size=rec.world_size, fingerprint_every=rec.fingerprint_every))
+                          world_size=rec.world_size, fingerprint_every=rec.fingerprint_every,
+                          python_version=platform.python_version(), torch_version=str(torch.__version__)))

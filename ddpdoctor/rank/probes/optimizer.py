@@ -80,40 +80,48 @@ def install(rec: Recorder) -> Callable[[], None]:
         outer.clear()  # the outer step raised before its post-hook: forget it
         return False
 
-    def pre_hook(optimizer, args, kwargs):
+    def before_step(optimizer, args, kwargs) -> None:
         if is_nested(optimizer):
             return
         outer[:] = [optimizer]
-        with rec.guard(PROBE, "step"):
-            state = states.get(optimizer)
-            if state is None:
-                state = states[optimizer] = _new_state(rec, len(states), optimizer)
-            state.num_steps += 1
-            rec.set_activity("optimizer.step")
-            state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
-            state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
-            state.pending_grads = None
-            if state.sampled and not state.closure:
-                state.pending_grads = fingerprint([p.grad for p in _params_of(optimizer)])
+        state = states.get(optimizer)
+        if state is None:
+            state = states[optimizer] = _new_state(rec, len(states), optimizer)
+        state.num_steps += 1
+        rec.set_activity("optimizer.step")
+        state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
+        state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
+        state.pending_grads = None
+        if state.sampled and not state.closure:
+            state.pending_grads = fingerprint([p.grad for p in _params_of(optimizer)])
 
-    def post_hook(optimizer, args, kwargs):
+    def after_step(optimizer) -> None:
         if not outer or outer[-1] is not optimizer:
             return  # an inner optimizer's step, or one whose pre-hook did not run
         outer.clear()
-        with rec.guard(PROBE, "step"):
-            state = states.get(optimizer)
-            if state is None:
-                return
-            rec.num_steps += 1
-            step = Step(opt=state.index, n=state.num_steps, forwards=state.forwards_since_last_step(),
-                        closure=state.closure)
-            if state.sampled:
+        state = states.get(optimizer)
+        if state is None:
+            return
+        rec.num_steps += 1
+        step = Step(opt=state.index, n=state.num_steps, forwards=state.forwards_since_last_step(),
+                    closure=state.closure)
+        if state.sampled:
+            with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 params = _params_of(optimizer)
-                step.grads = state.pending_grads if not state.closure else fingerprint([p.grad for p in params])
-                step.params = fingerprint(params)
-            rec.emit(step)
-            state.pending_grads = None
-            rec.set_activity("training")
+                grads = state.pending_grads if not state.closure else fingerprint([p.grad for p in params])
+                if grads is not None:
+                    step.params, step.grads = fingerprint(params), grads
+        rec.emit(step)
+        state.pending_grads = None
+        rec.set_activity("training")
+
+    def pre_hook(optimizer, args, kwargs):
+        with rec.guard(PROBE, "step"):
+            before_step(optimizer, args, kwargs)
+
+    def post_hook(optimizer, args, kwargs):
+        with rec.guard(PROBE, "step"):
+            after_step(optimizer)
 
     handles = [register_optimizer_step_pre_hook(pre_hook), register_optimizer_step_post_hook(post_hook)]
 
