@@ -7,7 +7,7 @@ from typing import Optional
 
 Fingerprint = Optional[list]
 
-RTOL = 1e-6
+RTOL = 1e-8  # fingerprints are float64 accumulations: identical replicas agree to the bit
 
 
 def differs(a: Fingerprint, b: Fingerprint, *, rtol: float = RTOL) -> bool:

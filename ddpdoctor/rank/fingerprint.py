@@ -1,45 +1,89 @@
-"""Tensor fingerprints: [sum, L2 norm] per tensor, compared across ranks.
+"""Tensor fingerprints, compared across ranks: [L2 norm, max] per tensor.
 
-Computed in the tensor's own precision (float32 for float16/bfloat16) with vectorized kernels:
-identical replicas give bit-identical values, a missed all-reduce changes them by orders of
-magnitude more than any tolerance. Upcasting to float64 first cost ~25x more on CPU for nothing.
-One device-to-host copy per call for all tensors together.
+Computed with fused multi-tensor kernels (``torch._foreach_norm``, ``torch._foreach_max``): a
+constant number of kernel launches per dtype and device, whatever the number of tensors, on the
+tensors' own device, and one device-to-host copy for everything a step fingerprints (gradients and
+parameters together, see :class:`Pending`). Identical replicas give bit-identical values; a missed
+all-reduce changes the norm, a sign flip the max. Norms accumulate in float64, in registers: the
+kernel stays bound by reading the tensors once, and a change in one element of a million shows.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Optional, Sequence
 
 import torch
 
-Fingerprint = Optional[list]  # [sum, norm] or None for a missing tensor (e.g. grad is None)
+Fingerprint = Optional[list]  # [norm, max] or None for a missing tensor (e.g. grad is None)
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+class Pending:
+    """Fingerprints still on the device: resolved by one host copy, possibly with others."""
+
+    def __init__(self, size: int, parts: list[tuple[list[int], torch.Tensor]], fixed: dict[int, list]) -> None:
+        self.size = size
+        self.parts = parts  # (positions, [k, 2] float64 tensor on a device)
+        self.fixed = fixed  # position -> value known on the host already (None, empty or meta tensors)
+
+    def values(self) -> list[Fingerprint]:
+        return resolve(self)[0]
 
 
 @torch.no_grad()
-def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> list[Fingerprint]:
-    """[sum, L2 norm] for each tensor, None where the tensor is None."""
-    present = [i for i, t in enumerate(tensors) if t is not None]
-    out: list[Fingerprint] = [None] * len(tensors)
-    if not present:
-        return out
-    parts = []
-    for i in present:
-        t = tensors[i].detach()
+def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
+    """Launch the fingerprint kernels of ``tensors`` without waiting for them."""
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    integers: list[tuple[int, torch.Tensor]] = []
+    fixed: dict[int, list] = {}
+    for i, t in enumerate(tensors):
+        if t is None:
+            fixed[i] = None
+            continue
+        t = t.detach()
         if t.is_complex():
             t = torch.view_as_real(t)
-        if t.is_floating_point():
-            accumulate = torch.float32 if t.dtype in _LOW_PRECISION else None
-            parts.append(t.sum(dtype=accumulate))
-            parts.append(torch.linalg.vector_norm(t, dtype=accumulate))
-        else:  # integer buffers such as num_batches_tracked
-            parts.append(t.sum().to(torch.float64))
-            parts.append(t.abs().sum().to(torch.float64))
-    try:
-        values = torch.stack([p.to(torch.float64) for p in parts]).tolist()
-    except RuntimeError:  # tensors on several devices
-        values = torch.stack([p.to("cpu", torch.float64) for p in parts]).tolist()
-    for k, i in enumerate(present):
-        out[i] = [values[2 * k], values[2 * k + 1]]
+        if t.numel() == 0 or t.is_meta:
+            fixed[i] = [0.0, 0.0]
+        elif t.is_floating_point():
+            groups[(t.device, t.dtype)].append((i, t))
+        else:
+            integers.append((i, t))
+    parts = []
+    for i, t in integers:  # integer buffers such as num_batches_tracked: few and tiny, still no sync here
+        wide = t.double()
+        parts.append(([i], torch.stack([wide.norm(), wide.max()]).reshape(1, 2)))
+    for (_, dtype), members in groups.items():
+        tensors_ = [t for _, t in members]
+        norms = torch._foreach_norm(tensors_, 2, dtype=torch.float64)  # a change of one element in a million shows
+        maxes = torch._foreach_max(tensors_)
+        stacked = torch.stack([torch.stack(norms).double(), torch.stack(maxes).double()], dim=1)
+        parts.append(([i for i, _ in members], stacked))
+    return Pending(len(tensors), parts, fixed)
+
+
+def resolve(*pending: Pending) -> list[list[Fingerprint]]:
+    """The values of several pending fingerprints, with one host copy per device involved."""
+    by_device: dict[torch.device, list[tuple[int, list[int], torch.Tensor]]] = defaultdict(list)
+    for k, p in enumerate(pending):
+        for positions, values in p.parts:
+            by_device[values.device].append((k, positions, values))
+    out: list[list[Fingerprint]] = []
+    for p in pending:
+        row: list[Fingerprint] = [None] * p.size
+        for i, value in p.fixed.items():
+            row[i] = value
+        out.append(row)
+    for items in by_device.values():
+        host = torch.cat([values for _, _, values in items]).tolist()  # the one copy (and sync) per device
+        offset = 0
+        for k, positions, _ in items:
+            for position in positions:
+                out[k][position] = host[offset]
+                offset += 1
     return out
+
+
+def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> list[Fingerprint]:
+    """[norm, max] for each tensor, None where the tensor is None (launch and resolve at once)."""
+    return start(tensors).values()

@@ -27,6 +27,8 @@ class Recorder:
     def __init__(self, settings: RankSettings) -> None:
         self.evidence_dir = settings.evidence_dir
         self.fingerprint_every = max(0, settings.fingerprint_every)  # 0: the automatic schedule
+        self.max_steps = settings.max_steps
+        self.max_epochs = settings.max_epochs
         self.pid = os.getpid()
         self.rank: Optional[int] = _env_int("RANK")
         self.world_size: Optional[int] = _env_int("WORLD_SIZE")

@@ -16,6 +16,8 @@ SCRIPT = "DDPDOCTOR_SCRIPT"
 HEARTBEAT_S = "DDPDOCTOR_HEARTBEAT_S"
 ACTIVE = "DDPDOCTOR_ACTIVE"  # set inside a job ddpdoctor runs: a nested `ddpdoctor check` is the job itself
 AGENT = "DDPDOCTOR_AGENT"  # index of the torchrun agent (simulated node) that started this rank
+MAX_STEPS = "DDPDOCTOR_MAX_STEPS"
+MAX_EPOCHS = "DDPDOCTOR_MAX_EPOCHS"
 
 DEFAULT_HEARTBEAT_S = 0.5
 
@@ -28,17 +30,25 @@ class RankSettings:
     fingerprint_every: int = 0
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     agent: Optional[int] = None
+    max_steps: Optional[int] = None  # stop the script cleanly after this many optimizer steps
+    max_epochs: Optional[int] = None  # ... or when a training loader starts this many + 1 passes
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RankSettings":
         return cls(evidence_dir=env[EVIDENCE_DIR],
                    fingerprint_every=int(env.get(FINGERPRINT_EVERY) or 0),
                    heartbeat_s=float(env.get(HEARTBEAT_S) or DEFAULT_HEARTBEAT_S),
-                   agent=int(env[AGENT]) if env.get(AGENT) else None)
+                   agent=int(env[AGENT]) if env.get(AGENT) else None,
+                   max_steps=int(env[MAX_STEPS]) if env.get(MAX_STEPS) else None,
+                   max_epochs=int(env[MAX_EPOCHS]) if env.get(MAX_EPOCHS) else None)
 
     def to_env(self) -> dict[str, str]:
         env = {EVIDENCE_DIR: self.evidence_dir, FINGERPRINT_EVERY: str(self.fingerprint_every),
                HEARTBEAT_S: str(self.heartbeat_s), ACTIVE: "1"}
         if self.agent is not None:
             env[AGENT] = str(self.agent)
+        if self.max_steps is not None:
+            env[MAX_STEPS] = str(self.max_steps)
+        if self.max_epochs is not None:
+            env[MAX_EPOCHS] = str(self.max_epochs)
         return env

@@ -56,7 +56,7 @@ def test_a_failing_probe_is_reported_and_the_script_runs_on(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(
         "import ddpdoctor.rank.fingerprint as fp\n"
         "def broken(tensors):\n    raise RuntimeError('injected fault')\n"
-        "fp.fingerprint = broken\n")
+        "fp.start = broken\n")
     report = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "NO_COLOR": "1"}
     proc = subprocess.run(ddpdoctor_command(FIXTURES / "reference.py", report, script_args=("--epochs", "1")),

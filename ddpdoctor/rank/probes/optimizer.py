@@ -22,8 +22,8 @@ from typing import Callable, Optional
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddpdoctor.rank import callsite
-from ddpdoctor.rank.fingerprint import fingerprint
+from ddpdoctor.rank import bounds, callsite
+from ddpdoctor.rank import fingerprint as fingerprints
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import OptimizerInfo, Step
@@ -38,7 +38,7 @@ class _OptimizerState:
         self.num_steps = 0
         self.owned_ddp = owned_ddp
         self.last_forwards: dict[int, tuple[int, int, int]] = {}
-        self.pending_grads: Optional[list] = None
+        self.pending_grads: Optional[fingerprints.Pending] = None
         self.sampled = False
         self.closure = False
 
@@ -93,7 +93,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
         state.pending_grads = None
         if state.sampled and not state.closure:
-            state.pending_grads = fingerprint([p.grad for p in _params_of(optimizer)])
+            state.pending_grads = fingerprints.start([p.grad for p in _params_of(optimizer)])
 
     def after_step(optimizer) -> None:
         if not outer or outer[-1] is not optimizer:
@@ -108,9 +108,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         if state.sampled:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 params = _params_of(optimizer)
-                grads = state.pending_grads if not state.closure else fingerprint([p.grad for p in params])
-                if grads is not None:
-                    step.params, step.grads = fingerprint(params), grads
+                grads = state.pending_grads if not state.closure else fingerprints.start([p.grad for p in params])
+                if grads is not None:  # one host copy for the gradients and the parameters together
+                    step.grads, step.params = fingerprints.resolve(grads, fingerprints.start(params))
         rec.emit(step)
         state.pending_grads = None
         rec.set_activity("training")
@@ -122,6 +122,7 @@ def install(rec: Recorder) -> Callable[[], None]:
     def post_hook(optimizer, args, kwargs):
         with rec.guard(PROBE, "step"):
             after_step(optimizer)
+        bounds.after_step(rec)  # --max-steps: raises RunCut into the script at this step boundary
 
     handles = [register_optimizer_step_pre_hook(pre_hook), register_optimizer_step_post_hook(post_hook)]
 
