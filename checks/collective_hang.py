@@ -136,14 +136,25 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                  "the stacks show where each rank was stuck."),
             evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states})
     message = f"the job hung: {'; '.join(lines) or 'no rank made progress'}{tail}{detail}"
+    center = mismatch.n if mismatch is not None else max((len(t) for t in evidence.facts.world_collectives.values()),
+                                                          default=0)
     return Finding(
         check=ID, severity="error", ranks=tuple(sorted(int(r) for r in states)), location=location, message=message,
         fix=("Make every rank call the same collectives in the same order: move collectives out of rank-specific "
              "branches (e.g. `if rank == 0:`), or broadcast the decision (early stop, skip) so all ranks take it."),
         evidence={"kind": "hang", "threshold_s": stop.threshold_s, "ranks": states,
                   "first_divergence": None if mismatch is None else mismatch.n,
-                  "sequence": None if mismatch is None else mismatch.n},
+                  "sequence": None if mismatch is None else mismatch.n,
+                  "timeline": _timeline(evidence.facts.world_collectives, center)},
     )
+
+
+def _timeline(traces: dict[int, list[Collective]], center: int, before: int = 4) -> dict[str, dict[str, str]]:
+    """Each rank's world collectives around collective #center: {rank: {n: "op at file:line"}}."""
+    lo, hi = max(1, center - before), center + 1
+    return {str(rank): {str(e.n): f"{e.op} at {short_site(Location.from_site(e.site))}"
+                        for e in trace if lo <= e.n <= hi}
+            for rank, trace in sorted(traces.items())}
 
 
 def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:

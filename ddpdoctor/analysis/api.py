@@ -1,9 +1,10 @@
 """The contract between ddpdoctor and a check: evidence in, findings out.
 
-A check is a :class:`Check` object exposed through the ``ddpdoctor.checks`` entry-point group.
-Its ``analyze`` must be a pure function of the :class:`~ddpdoctor.analysis.evidence.Evidence`, so
-it can be unit-tested on synthetic evidence and gives the same answer on 2 or 1024 ranks. Derived
-facts shared by several checks are in ``evidence.facts``; checks never import each other.
+A check is a :class:`Check` object exposed through the ``ddpdoctor.checks`` entry-point group
+(third-party checks too: :mod:`ddpdoctor.plugin` is their versioned API). Its ``analyze`` must be a
+pure function of the :class:`~ddpdoctor.analysis.evidence.Evidence`, so it can be unit-tested on
+synthetic evidence and gives the same answer on 2 or 1024 ranks. Derived facts shared by several
+checks are in ``evidence.facts``; checks never import each other.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
 
-__all__ = ["Severity", "SEVERITY_ORDER", "Location", "Consequence", "Finding", "CheckResult", "Check"]
+__all__ = ["CHECK_API_VERSION", "Severity", "SEVERITY_ORDER", "Location", "Consequence", "Finding", "CheckResult",
+           "Check"]
+
+# The version of this contract; a check declaring another one is reported as broken, not run.
+CHECK_API_VERSION = 1
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"info": 0, "warning": 1, "error": 2}
@@ -54,6 +59,13 @@ class Consequence:
                 "location": self.location.to_json() if self.location else None, "evidence": self.evidence,
                 "severity": self.severity}
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Consequence":
+        """Back from :meth:`to_json`, so a saved report can be rendered again (unknown keys ignored)."""
+        return cls(check=data["check"], message=data["message"], ranks=tuple(data.get("ranks", ())),
+                   location=Location.from_site(data.get("location")), evidence=data.get("evidence") or {},
+                   severity=data.get("severity", "error"))
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -82,6 +94,14 @@ class Finding:
             "consequences": [c.to_json() for c in self.consequences],
         }
 
+    @classmethod
+    def from_json(cls, data: dict) -> "Finding":
+        """Back from :meth:`to_json`, so a saved report can be rendered again (unknown keys ignored)."""
+        return cls(check=data["check"], severity=data["severity"], message=data["message"], fix=data["fix"],
+                   ranks=tuple(data.get("ranks", ())), location=Location.from_site(data.get("location")),
+                   evidence=data.get("evidence") or {},
+                   consequences=tuple(Consequence.from_json(c) for c in data.get("consequences", ())))
+
 
 @dataclass
 class CheckResult:
@@ -109,9 +129,16 @@ def status_of(findings: list[Finding], *, applicable: bool = True) -> str:
 
 @dataclass(frozen=True)
 class Check:
-    """A pluggable check: an id from the public list, a title, docs for ``explain``, an analyzer."""
+    """A pluggable check: an id from the public list, a title, docs for ``explain``, an analyzer.
+
+    ``probe``: "module:function" of an in-rank probe, ``install(rec) -> Optional[finalizer]``, that
+    every rank runs before the script, as it does the built-in probes (for evidence no built-in
+    probe records). ``api_version``: the version of this contract the check was written for.
+    """
 
     id: str
     title: str
     analyze: Callable[["Evidence"], CheckResult]
     docs: str
+    probe: Optional[str] = None
+    api_version: int = 1

@@ -15,7 +15,7 @@ from ddpdoctor.analysis.compare import differs, group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.indices import decode_indices, encode_indices
 from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
-                                     OptimizerInfo, ProcessStart, Step, SysExit)
+                                     OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -139,6 +139,11 @@ class Facts:
             if current is None or event.iterations >= current.iterations:
                 out[event.ddp][rank] = event
         return out
+
+    @functools.cached_property
+    def cut(self) -> Optional[RunCut]:
+        """Where ddpdoctor stopped a bounded run on purpose (--max-steps/--max-epochs), if it did."""
+        return next((e for _, e in self.evidence.events(RunCut)), None)
 
     @functools.cached_property
     def fingerprint_every(self) -> int:

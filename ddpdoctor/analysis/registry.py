@@ -1,38 +1,81 @@
-"""Discovers checks through the ``ddpdoctor.checks`` entry-point group (built-ins included)."""
+"""Discovers checks through the ``ddpdoctor.checks`` entry-point group (built-ins included).
+
+A plugin that cannot be used (it fails to import, is no :class:`Check`, is registered under a name
+other than its id, claims an id another check has, or was written for another check API version)
+becomes a broken :class:`LoadedCheck`: reported, never run, never aborting the run. Built-ins are
+loaded first, so a plugin can never replace one.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Optional
 
-from ddpdoctor.analysis.api import Check
+from ddpdoctor.analysis.api import CHECK_API_VERSION, Check
 
 GROUP = "ddpdoctor.checks"
+BUILTIN_PREFIX = "ddpdoctor.checks."
+DISABLE_PLUGINS_ENV = "DDPDOCTOR_DISABLE_PLUGINS"
 
 
 @dataclass
 class LoadedCheck:
-    """A check, or why its entry point failed to load (a broken plugin never aborts a run)."""
+    """A check, or why its entry point failed to load (a broken plugin never aborts a run).
+
+    ``id`` is the entry-point name; a duplicate also names its entry point ("id (module:attr)"),
+    so its warning is never counted against the check that owns the id.
+    """
 
     id: str
     check: Optional[Check]
     error: Optional[str] = None
 
 
-def load_checks() -> list[LoadedCheck]:
+def plugins_disabled() -> bool:
+    """DDPDOCTOR_DISABLE_PLUGINS=1: built-in checks only, to rule a plugin out as a cause."""
+    return os.environ.get(DISABLE_PLUGINS_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def is_builtin(ep: EntryPoint) -> bool:
+    return ep.value.startswith(BUILTIN_PREFIX)
+
+
+def load_checks(*, builtins: bool = True) -> list[LoadedCheck]:
+    """Every check in ``explain`` order. ``builtins=False``: the third-party ones only, without
+    importing the built-ins (a rank needs just the plugins' probes); built-in ids stay reserved."""
+    builtin_only = plugins_disabled()
+    points = [ep for ep in entry_points(group=GROUP) if is_builtin(ep) or not builtin_only]
+    owners: dict[str, str] = {}  # id -> the entry-point value that claimed it first
     loaded: dict[str, LoadedCheck] = {}
-    for ep in entry_points(group=GROUP):
-        if ep.name in loaded:
-            continue
-        try:
-            check = ep.load()
-            if not isinstance(check, Check):
-                raise TypeError(f"{ep.value} is a {type(check).__name__}, not a ddpdoctor.Check")
-            loaded[ep.name] = LoadedCheck(id=ep.name, check=check)
-        except Exception as exc:
-            loaded[ep.name] = LoadedCheck(id=ep.name, check=None, error=f"{type(exc).__name__}: {exc}")
+    for ep in sorted(points, key=lambda ep: not is_builtin(ep)):
+        owner = owners.setdefault(ep.name, ep.value)
+        if owner != ep.value:
+            key = f"{ep.name} ({ep.value})"
+            loaded[key] = LoadedCheck(id=key, check=None,
+                                      error=f"duplicate check id {ep.name!r}: {owner} already provides it")
+        elif ep.name not in loaded and (builtins or not is_builtin(ep)):  # the same check installed twice is one
+            loaded[ep.name] = _load(ep)
     return [loaded[k] for k in sorted(loaded, key=_builtin_order)]
+
+
+def _load(ep: EntryPoint) -> LoadedCheck:
+    try:
+        check = ep.load()
+        if not isinstance(check, Check):
+            raise TypeError(f"{ep.value} is a {type(check).__name__}, not a ddpdoctor.Check")
+    except Exception as exc:
+        return LoadedCheck(id=ep.name, check=None, error=f"{type(exc).__name__}: {exc}")
+    if check.id != ep.name:
+        return LoadedCheck(id=ep.name, check=None, error=f"entry point {ep.name!r} differs from the check's id "
+                                                         f"{check.id!r}; register it as {check.id} = {ep.value}")
+    if check.api_version != CHECK_API_VERSION:
+        return LoadedCheck(id=ep.name, check=None, error=f"written for check API version {check.api_version}; "
+                                                         f"this ddpdoctor supports version {CHECK_API_VERSION}")
+    if check.probe is not None and ":" not in check.probe:
+        return LoadedCheck(id=ep.name, check=None, error=f"probe {check.probe!r} is not a \"module:function\" path")
+    return LoadedCheck(id=ep.name, check=check)
 
 
 _BUILTIN_ORDER = [

@@ -38,6 +38,11 @@ class CheckStatus:
             out["incomplete"] = self.incomplete
         return out
 
+    @classmethod
+    def from_json(cls, data: dict) -> "CheckStatus":
+        return cls(id=data["id"], title=data["title"], status=data["status"], summary=data["summary"],
+                   error=data.get("error"), incomplete=list(data.get("incomplete", [])))
+
 
 @dataclass
 class Report:
@@ -61,6 +66,9 @@ class Report:
     missing_ranks: list[int] = field(default_factory=list)
     torch_version: str = ""
     python_version: str = ""
+    cut: Optional[dict] = None  # {"reason": "max-steps"|"max-epochs", "at": N}: a bounded run stopped on purpose
+    suppressed: list[dict] = field(default_factory=list)  # [{"finding", "reason", "file", "line"}]
+    unused_suppressions: list[dict] = field(default_factory=list)  # [{"file", "line", "checks", "reason"}]
     role: str = "report"  # "peer": a non-zero rank of an existing launch; rank 0 holds the report
     peer_exit_code: int = 0
 
@@ -73,6 +81,23 @@ class Report:
         if self.role == "peer":
             return self.peer_exit_code
         return 1 if self.at_or_above(fail_on) else 0
+
+    def assert_clean(self, fail_on: str = "warning") -> None:
+        """For tests: raise AssertionError listing every top-level finding at or above ``fail_on``
+        (where, what, the fix), so a test fails the way ``--fail-on`` fails a run."""
+        __tracebackhide__ = True  # pytest shows the caller's line, not this method's body
+        found = self.at_or_above(fail_on)
+        if not found:
+            return
+        lines = [f"ddpdoctor: {len(found)} finding(s) at or above {fail_on} (outcome {self.outcome}):"]
+        for f in found:
+            where = ""
+            if f.location:
+                relative = os.path.relpath(f.location.file)  # short when under the working directory
+                where = f" at {f.location.file if relative.startswith('..') else relative}:{f.location.line}"
+            ranks = f" (ranks {', '.join(map(str, sorted(f.ranks)))})" if f.ranks else ""
+            lines += [f"{f.severity.upper()} {f.check}{where}: {f.message}{ranks}", f"    fix: {f.fix}"]
+        raise AssertionError("\n".join(lines))
 
     def to_json(self) -> dict:
         return {
@@ -96,7 +121,29 @@ class Report:
             "checks": [c.to_json() for c in self.checks],
             "findings": [f.to_json() for f in self.findings],
             "probe_errors": self.probe_errors,
+            "cut": self.cut,
+            "suppressed": self.suppressed,
+            "unused_suppressions": self.unused_suppressions,
         }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Report":
+        """A report saved with ``--json``, back as a Report: CI renders JUnit, SARIF or Markdown from
+        it without rerunning the job. Keys this version does not know are ignored."""
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a {SCHEMA} report (schema {data.get('schema')!r})")
+        return cls(
+            version=data["version"], script=data.get("script"), argv=list(data.get("argv", [])),
+            world_size=data["world_size"], nnodes=data["nnodes"], backend=data["backend"], device=data["device"],
+            outcome=data["outcome"], duration_s=data["duration_s"], launch_mode=data.get("launch_mode", ""),
+            checks=[CheckStatus.from_json(c) for c in data.get("checks", [])],
+            findings=[Finding.from_json(f) for f in data.get("findings", [])],
+            ranks=list(data.get("ranks", [])), nodes=list(data.get("nodes", [])),
+            probe_errors=list(data.get("probe_errors", [])), missing_ranks=list(data.get("missing_ranks", [])),
+            torch_version=data.get("torch_version", ""), python_version=data.get("python_version", ""),
+            cut=data.get("cut"), suppressed=list(data.get("suppressed", [])),
+            unused_suppressions=list(data.get("unused_suppressions", [])),
+        )
 
 
 def _backend_and_device(evidence: Evidence) -> tuple[str, str]:
@@ -124,6 +171,10 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         nodes=sorted({ev.node_rank for ev in evidence.ranks.values() if ev.node_rank is not None}),
         probe_errors=analysis.probe_errors,
         missing_ranks=observations.missing_ranks,
+        cut={"reason": evidence.facts.cut.reason, "at": evidence.facts.cut.at} if evidence.facts.cut else None,
+        suppressed=[{"finding": f.to_json(), "reason": s.reason, "file": s.file, "line": s.line}
+                    for f, s in analysis.suppressed],
+        unused_suppressions=[s.to_json() for s in analysis.unused_suppressions],
     )
 
 

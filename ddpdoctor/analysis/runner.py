@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
-from ddpdoctor.analysis import causality
+from ddpdoctor.analysis import causality, suppression
 from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_of
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.registry import LoadedCheck, load_checks
@@ -33,12 +33,16 @@ class Analysis:
     outcomes: list[CheckOutcome]
     findings: list[Finding]  # root causes and independent problems, consequences attached
     probe_errors: list[dict]
+    suppressed: list[tuple[Finding, suppression.Suppression]] = field(default_factory=list)
+    unused_suppressions: list[suppression.Suppression] = field(default_factory=list)
 
 
-def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None) -> Analysis:
+def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
+            suppressions: Optional[list[suppression.Suppression]] = None) -> Analysis:
     outcomes = [_run_one(loaded, evidence) for loaded in (checks if checks is not None else load_checks())]
     raw = [f for o in outcomes for f in o.result.findings]
-    roots = causality.link(raw)
+    roots, suppressed, unused = suppression.apply(causality.link(raw), suppressions or [])
+    reasons = {f.check: s.reason for f, s in suppressed}
     explained_by = {c.check: r.check for r in roots for c in r.consequences}
     probe_errors = _probe_errors(evidence)
     for outcome in outcomes:
@@ -47,10 +51,23 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None) -> A
         outcome.summary = outcome.result.summary
         if outcome.result.findings and not top and outcome.id in explained_by:
             outcome.summary += f" (a consequence of {explained_by[outcome.id]}, reported there)"
+        elif outcome.result.findings and not top and outcome.id in reasons:
+            outcome.summary += f" (suppressed inline: {reasons[outcome.id] or 'no reason given'})"
         outcome.incomplete = [p["probe"] for p in probe_errors
                               if ALL_CHECKS in p["checks"] or outcome.id in p["checks"]]
     ordered = sorted(roots, key=lambda f: -SEVERITY_ORDER[f.severity])
-    return Analysis(outcomes=outcomes, findings=ordered, probe_errors=probe_errors)
+    return Analysis(outcomes=outcomes, findings=ordered, probe_errors=probe_errors, suppressed=suppressed,
+                    unused_suppressions=unused)
+
+
+def select_checks(checks: list[LoadedCheck], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[LoadedCheck]:
+    """The checks --select/--ignore keep; an unknown id is a ValueError naming the known ones."""
+    known = [c.id for c in checks]
+    for check_id in [*select, *ignore]:
+        if check_id not in known:
+            raise ValueError(f"unknown check id {check_id!r}; known: {', '.join(known)}")
+    chosen = set(select) or set(known)
+    return [c for c in checks if c.id in chosen and c.id not in set(ignore)]
 
 
 def _run_one(loaded: LoadedCheck, evidence: Evidence) -> CheckOutcome:

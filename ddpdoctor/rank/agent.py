@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
 import time
+import warnings
 
 
 def _die_with_parent() -> None:
@@ -25,12 +27,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def quiet_numpy_warning() -> None:
+    """torch warns "Failed to initialize NumPy" at import when numpy is absent; the agent and the
+    ranks would print it once each. It says nothing about the job."""
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+
 def main() -> None:
     out_path, sep, *torchrun_args = sys.argv[1:]
     assert sep == "--", "usage: python agent.py OUT.json -- TORCHRUN_ARGS"
     if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
         sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
     _die_with_parent()
+    quiet_numpy_warning()
+    # ddpdoctor stops the workers itself and reports why: torchrun's own warnings about it are noise.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run

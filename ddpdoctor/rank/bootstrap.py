@@ -14,13 +14,16 @@ import sys
 if __name__ == "__main__" and sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
     sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
 
+import warnings  # noqa: E402
 from typing import Any, Callable, Optional  # noqa: E402
 
-from ddpdoctor.rank import callsite, probes, tracebacks  # noqa: E402
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: see rank/agent.py
+
+from ddpdoctor.rank import bounds, callsite, probes, tracebacks  # noqa: E402
 from ddpdoctor.rank.recorder import Recorder  # noqa: E402
 from ddpdoctor.rank.watchdog import Watchdog  # noqa: E402
 from ddpdoctor.schema import settings as rank_settings  # noqa: E402
-from ddpdoctor.schema.events import Exit, ExceptionEvent, SysExit  # noqa: E402
+from ddpdoctor.schema.events import Exit, ExceptionEvent, RunCut as RunCutEvent, SysExit  # noqa: E402
 
 
 class Session:
@@ -58,10 +61,15 @@ def exit_code_of(exc: SystemExit) -> int:
 
 
 def run_recorded(target: Callable[[], Any]) -> Any:
-    """Run ``target`` under probes, recording how it ended, and re-raise whatever it raised."""
+    """Run ``target`` under probes, recording how it ended, and re-raise whatever it raised
+    (except the stop of a bounded run, which ends it cleanly)."""
     session = Session()
     try:
         result = target()
+    except bounds.RunCut as cut:  # --max-steps / --max-epochs: a clean end, on purpose
+        session.rec.emit(RunCutEvent(reason=cut.reason, at=cut.at))
+        session.close(exit_code=0)
+        return None
     except SystemExit as exc:
         code = exit_code_of(exc)
         if code != 0:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, TypeVar
 
 __all__ = [
     "SCHEMA_VERSION", "EVENT_KINDS", "Event", "UnknownEvent", "SamplerInfo", "ProcessStart", "InitProcessGroup",
     "DestroyProcessGroup", "DDPWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage", "LoaderPass",
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
-    "ProbeError", "event_from_json",
+    "ProbeError", "RunCut", "event_from_json", "register_event",
 ]
 
 SCHEMA_VERSION = 2
@@ -135,6 +135,15 @@ class SysExit(Event):
 class Exit(Event):
     kind: ClassVar[str] = "exit"
     code: Optional[int] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class RunCut(Event):
+    """ddpdoctor stopped the script on purpose at a step or epoch boundary (--max-steps/--max-epochs)."""
+
+    kind: ClassVar[str] = "cut"
+    reason: str = ""  # "max-steps" | "max-epochs"
+    at: int = 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -325,7 +334,7 @@ class DistributedCheckpoint(Event):
 
 EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError,
+    for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
                 DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective, JoinEvent, Save,
                 Load, DistributedCheckpoint)
 }
@@ -349,3 +358,25 @@ def event_from_json(data: dict) -> Event:
             nested_names = _field_names(nested_cls)
             values[name] = nested_cls(**{k: v for k, v in values[name].items() if k in nested_names})
     return cls(**values)
+
+
+EventT = TypeVar("EventT", bound=type[Event])
+
+
+def register_event(cls: EventT) -> EventT:
+    """Make a plugin's own event kind load typed, not as an :class:`UnknownEvent` (a class decorator).
+
+    ``cls`` is a ``@dataclass(kw_only=True, slots=True)`` subclass of :class:`Event` naming its own
+    ``kind``, namespaced with a dot ("myplugin.thing") so it can never collide with a built-in kind.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Event) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{cls!r} is not a dataclass subclass of ddpdoctor's Event")
+    kind = cls.__dict__.get("kind")
+    if not isinstance(kind, str) or "." not in kind.strip("."):
+        raise ValueError(f"{cls.__qualname__} needs its own namespaced kind, e.g. kind: ClassVar[str] = "
+                         f"\"myplugin.thing\" (got {kind!r})")
+    if kind in EVENT_KINDS:
+        taken = EVENT_KINDS[kind]
+        raise ValueError(f"event kind {kind!r} is already registered by {taken.__module__}.{taken.__qualname__}")
+    EVENT_KINDS[kind] = cls
+    return cls

@@ -1,5 +1,5 @@
 """Names of the in-rank probes and the checks that rely on each, so a probe that failed makes the
-report say which checks it left incomplete."""
+report say which checks it left incomplete. A third-party check's probe is named by the check's id."""
 
 from __future__ import annotations
 
@@ -19,5 +19,6 @@ PROBE_CHECKS: dict[str, tuple[str, ...]] = {
 
 
 def checks_affected(probe: str) -> tuple[str, ...]:
-    """The check ids a failure of ``probe`` leaves incomplete ("*": every check)."""
-    return PROBE_CHECKS.get(probe, (ALL_CHECKS,))
+    """The check ids a failure of ``probe`` leaves incomplete ("*": every check). A probe not in
+    the table is a plugin's, recorded under its check's id: only that check is left incomplete."""
+    return PROBE_CHECKS.get(probe, (probe,))

@@ -6,7 +6,10 @@ Bad input ends with one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import enum
+import json
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +33,10 @@ Examples:
 
   torchrun --nproc-per-node 4 -m ddpdoctor check train.py   # inside an existing launch
 
+  ddpdoctor check train.py --max-steps 20 --junit junit.xml --sarif ddpdoctor.sarif --github
+
+  ddpdoctor report report.json --markdown summary.md   # render a saved report
+
   ddpdoctor explain gradient-sync
 """
 
@@ -43,6 +50,9 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+SEVERITIES = ("error", "warning", "info")
+
 
 class FailOn(str, enum.Enum):
     error = "error"
@@ -74,57 +84,133 @@ def _root(
     unused parameters, hangs, crashes and checkpoints."""
 
 
+def _merged(cli: dict, file: dict, defaults: dict) -> dict:
+    """CLI values given on the command line win over [tool.ddpdoctor], which wins over defaults."""
+    return {key: cli[key] if cli.get(key) is not None else file.get(key, defaults.get(key)) for key in defaults}
+
+
+DEFAULTS = {
+    "nproc-per-node": 2, "nnodes": 1, "hang-timeout": None, "timeout": None, "fail-on": "warning",
+    "exit-zero": False, "launch": "auto", "fingerprint-every": 0, "max-steps": None, "max-epochs": None,
+    "select": [], "ignore": [], "json": None, "junit": None, "sarif": None, "markdown": None, "github": False,
+    "quiet": False, "plain": False,
+}
+
+
+def _ids(values: Optional[list[str]]) -> Optional[list[str]]:
+    """--select a,b --select c -> [a, b, c]."""
+    if values is None:
+        return None
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
 @app.command(epilog=EXAMPLES)
 def check(
     ctx: typer.Context,
     script: Optional[Path] = typer.Argument(None, help="Training script to check (default: the built-in reference job)."),
-    nproc_per_node: int = typer.Option(2, "--nproc-per-node", "-n", help="Ranks per node."),
-    nnodes: int = typer.Option(1, "--nnodes", help="Simulated nodes: this many local torchrun agents."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", "-n", help="Ranks per node [default: 2]."),
+    nnodes: Optional[int] = typer.Option(None, "--nnodes", help="Simulated nodes: this many local torchrun agents."),
     hang_timeout: Optional[float] = typer.Option(
         None, "--hang-timeout", help="Seconds without progress before a rank counts as hung "
                                      "(default: max(30, 10x the slowest step))."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Stop the whole job after this many seconds and report."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop the script cleanly on every rank after N "
+                                                                      "optimizer steps (a bounded run for CI)."),
+    max_epochs: Optional[int] = typer.Option(None, "--max-epochs", help="Stop the script cleanly when its training "
+                                                                        "loader starts pass N+1."),
+    select: Optional[list[str]] = typer.Option(None, "--select", help="Run only these check ids (comma-separated)."),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Do not run these check ids (comma-separated)."),
+    fail_on: Optional[FailOn] = typer.Option(None, "--fail-on", help="Lowest severity that makes the exit code 1 "
+                                                                     "[default: warning]."),
+    exit_zero: Optional[bool] = typer.Option(None, "--exit-zero/--no-exit-zero",
+                                             help="Exit 0 even with findings (2 still means ddpdoctor could not run)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the machine-readable report here."),
-    fail_on: FailOn = typer.Option(FailOn.warning, "--fail-on", help="Lowest severity that makes the exit code 1."),
-    launch: LaunchMode = typer.Option(LaunchMode.auto, "--launch",
-                                      help="torchrun, or spawn for scripts that start their own workers; auto detects."),
-    fingerprint_every: int = typer.Option(
-        0, "--fingerprint-every", help="Fingerprint gradients and parameters every K-th step; 0 (default): steps "
-                                       "1-20, then every 10th to step 200, then every 50th."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Hide the script's own output."),
-    plain: bool = typer.Option(False, "--plain", help="Plain lines even on a terminal."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here (one testcase per check)."),
+    sarif: Optional[Path] = typer.Option(None, "--sarif", help="Write SARIF 2.1.0 here (code scanning)."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a Markdown summary here."),
+    github: Optional[bool] = typer.Option(None, "--github/--no-github",
+                                          help="GitHub Actions: annotations, and a summary in $GITHUB_STEP_SUMMARY."),
+    launch: Optional[LaunchMode] = typer.Option(None, "--launch",
+                                                help="torchrun, or spawn for scripts that start their own workers; "
+                                                     "auto (default) detects."),
+    fingerprint_every: Optional[int] = typer.Option(
+        None, "--fingerprint-every", help="Fingerprint gradients and parameters every K-th step; 0 (default): steps "
+                                          "1-20, then every 10th to step 200, then every 50th."),
+    quiet: Optional[bool] = typer.Option(None, "--quiet/--no-quiet", "-q", help="Hide the script's own output."),
+    plain: Optional[bool] = typer.Option(None, "--plain/--no-plain", help="Plain lines even on a terminal."),
     keep_evidence: Optional[Path] = typer.Option(None, "--keep-evidence", help="Copy the raw per-rank evidence here."),
 ) -> int:
-    """Run SCRIPT (or the reference job) on several ranks and check it. Script arguments go after --."""
-    from ddpdoctor.analysis.render import terminal
-    from ddpdoctor.analysis.report import write_json
+    """Run SCRIPT (or the reference job) on several ranks and check it. Script arguments go after --.
+
+    Defaults come from [tool.ddpdoctor] in the nearest pyproject.toml; the command line wins."""
     from ddpdoctor.supervisor import display as displays
+    from ddpdoctor.supervisor import outputs, project_config
     from ddpdoctor.supervisor.config import RunConfig
     from ddpdoctor.supervisor.pipeline import NoEvidence, run
 
+    cli = {"nproc-per-node": nproc_per_node, "nnodes": nnodes, "hang-timeout": hang_timeout, "timeout": timeout,
+           "fail-on": fail_on.value if fail_on else None, "exit-zero": exit_zero,
+           "launch": launch.value if launch else None, "fingerprint-every": fingerprint_every,
+           "max-steps": max_steps, "max-epochs": max_epochs, "select": _ids(select), "ignore": _ids(ignore),
+           "json": json_path and str(json_path), "junit": junit and str(junit), "sarif": sarif and str(sarif),
+           "markdown": markdown and str(markdown), "github": github, "quiet": quiet, "plain": plain}
     try:
+        _, file_settings = project_config.load(os.getcwd())
+        opts = _merged(cli, file_settings, DEFAULTS)
+        if opts["fail-on"] not in SEVERITIES:
+            raise ValueError(f"fail-on must be one of {', '.join(SEVERITIES)}, not {opts['fail-on']!r}")
         config = RunConfig(
             script=None if script is None else str(script), script_args=tuple((ctx.obj or {}).get("script_args", ())),
-            nproc_per_node=nproc_per_node, nnodes=nnodes, hang_timeout_s=hang_timeout, timeout_s=timeout,
-            launch=launch.value, fingerprint_every=fingerprint_every, show_output=not quiet,
+            nproc_per_node=opts["nproc-per-node"], nnodes=opts["nnodes"], hang_timeout_s=opts["hang-timeout"],
+            timeout_s=opts["timeout"], launch=opts["launch"], fingerprint_every=opts["fingerprint-every"],
+            max_steps=opts["max-steps"], max_epochs=opts["max-epochs"], select=tuple(opts["select"]),
+            ignore=tuple(opts["ignore"]), show_output=not opts["quiet"],
             keep_evidence=None if keep_evidence is None else str(keep_evidence))
         config.script_path()
+        config.checks()
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
-    plain = plain or displays.is_plain()
+    plain = opts["plain"] or displays.is_plain()
     console, display = displays.for_terminal(plain=plain, show_output=config.show_output)
-    try:
-        report = run(config, display=display)
-    except NoEvidence as exc:
-        raise UsageProblem(str(exc)) from None
-    finally:
-        display.close()
+    with outputs.github_command_guard(enabled=opts["github"]):  # the script cannot inject annotations
+        try:
+            report = run(config, display=display)
+        except NoEvidence as exc:
+            raise UsageProblem(str(exc)) from None
+        finally:
+            display.close()
     if report.role == "peer":  # a non-zero rank of an existing launch: rank 0 reports
         return report.exit_code()
-    terminal.render(console, report, plain=plain, fail_on=fail_on.value)
-    if json_path is not None:
-        write_json(report, str(json_path))
-    return report.exit_code(fail_on.value)
+    outputs.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
+                      junit=opts["junit"], sarif=opts["sarif"], markdown=opts["markdown"], github=opts["github"])
+    return 0 if opts["exit-zero"] else report.exit_code(opts["fail-on"])
+
+
+@app.command()
+def report(
+    path: Path = typer.Argument(..., help="A JSON report written by `ddpdoctor check --json`."),
+    fail_on: FailOn = typer.Option(FailOn.warning, "--fail-on", help="Lowest severity that makes the exit code 1."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here."),
+    sarif: Optional[Path] = typer.Option(None, "--sarif", help="Write SARIF 2.1.0 here."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a Markdown summary here."),
+    github: bool = typer.Option(False, "--github", help="Print GitHub Actions annotations."),
+    plain: bool = typer.Option(False, "--plain", help="Plain lines even on a terminal."),
+) -> int:
+    """Render a saved JSON report in the terminal, and in any other format; exit as `check` would."""
+    from ddpdoctor.analysis.report import Report
+    from ddpdoctor.supervisor import display as displays
+    from ddpdoctor.supervisor import outputs
+
+    try:
+        loaded = Report.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageProblem(f"cannot read the report {path}: {exc}") from None
+    plain = plain or displays.is_plain()
+    console = displays.make_console(plain)
+    outputs.write_all(loaded, console=console, plain=plain, fail_on=fail_on.value, json_path=None,
+                      junit=junit and str(junit), sarif=sarif and str(sarif), markdown=markdown and str(markdown),
+                      github=github)
+    return loaded.exit_code(fail_on.value)
 
 
 @app.command("list-checks")
@@ -176,8 +262,13 @@ def main(argv: Optional[list[str]] = None) -> None:
         _fail("aborted")
     except UsageProblem as exc:
         _fail(str(exc))
-    except (click_exceptions.Exit, typer.Exit) as exc:
+    except (getattr(click_exceptions, "Exit", typer.Exit), typer.Exit) as exc:
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted")
+    except Exception:  # ddpdoctor itself broke: exit 2, never 0 or 1, with the traceback to report
+        traceback.print_exc()
+        _fail("internal error (the traceback above); the job's processes were stopped")
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -46,6 +46,10 @@ class RunConfig:
     timeout_s: Optional[float] = None
     launch: str = "auto"
     fingerprint_every: int = 0  # 0: automatic (ddpdoctor.schema.sampling)
+    max_steps: Optional[int] = None  # stop the script cleanly after this many optimizer steps
+    max_epochs: Optional[int] = None  # ... or after this many passes over its training loader
+    select: tuple[str, ...] = ()  # check ids to run (empty: all)
+    ignore: tuple[str, ...] = ()  # check ids not to run
     show_output: bool = True
     keep_evidence: Optional[str] = None
     extra_env: dict = field(default_factory=dict)
@@ -62,10 +66,20 @@ class RunConfig:
             raise ValueError("--fingerprint-every must be 0 (automatic) or a positive number of steps")
         if self.launch not in LAUNCH_MODES:
             raise ValueError(f"--launch must be one of {', '.join(LAUNCH_MODES)}")
+        for name, value in (("--max-steps", self.max_steps), ("--max-epochs", self.max_epochs)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1")
 
     @property
     def is_reference(self) -> bool:
         return self.script is None
+
+    def checks(self) -> list:
+        """The checks this run analyzes (--select / --ignore applied); ValueError for an unknown id."""
+        from ddpdoctor.analysis.registry import load_checks
+        from ddpdoctor.analysis.runner import select_checks
+
+        return select_checks(load_checks(), self.select, self.ignore)
 
     def script_path(self) -> str:
         return reference_script() if self.script is None else validate_script(self.script)

@@ -31,8 +31,9 @@ def is_plain() -> bool:
 
 
 def make_console(plain: bool) -> Console:
-    if plain:
-        return Console(no_color=True, highlight=False, emoji=False, soft_wrap=True, force_terminal=False)
+    if plain:  # CI logs: wide enough for the per-rank tables (COLUMNS overrides)
+        width = int(os.environ.get("COLUMNS") or 0) or 140
+        return Console(no_color=True, highlight=False, emoji=False, soft_wrap=True, force_terminal=False, width=width)
     return Console(highlight=False, emoji=False)
 
 

@@ -19,6 +19,7 @@ from ddpdoctor import __version__
 from ddpdoctor.analysis.evidence import Evidence, parse_lines
 from ddpdoctor.analysis.report import Report, build_report
 from ddpdoctor.analysis.runner import analyze
+from ddpdoctor.analysis.suppression import scan_files
 from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
 from ddpdoctor.supervisor import launch
 from ddpdoctor.supervisor.config import RunConfig
@@ -120,11 +121,26 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
         launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls)
+    checks = config.checks()  # first: plugins register their event kinds before the evidence is read
     evidence = Evidence.from_processes((parse_lines(lines) for lines in collected.processes),
                                        observations=observations, script=script)
-    return build_report(evidence, analyze(evidence), version=__version__,
+    analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
+    return build_report(evidence, analysis, version=__version__,
                         script=None if config.is_reference else script, argv=list(config.script_args),
                         duration_s=time.monotonic() - started)
+
+
+def _source_files(evidence: Evidence, script: str) -> set[str]:
+    """The user's files findings can point at: the script and every file in a recorded call site."""
+    files = {script}
+    for ev in evidence.ranks.values():
+        for event in ev.events:
+            for frame in getattr(event, "site", None) or []:
+                files.add(frame.get("file", ""))
+            location = getattr(event, "location", None)
+            if isinstance(location, dict) and location.get("file"):
+                files.add(location["file"])
+    return {f for f in files if f and not f.startswith("<")}
 
 
 def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> str:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+from typing import Optional
+
 from rich.console import Console, Group
+from rich.padding import Padding
 from rich.panel import Panel
+from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.analysis.report import Report
@@ -14,21 +18,67 @@ from ddpdoctor.analysis.report import Report
 _GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim")}
 _PLAIN = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP"}
 _SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
-_HIDDEN_EVIDENCE = ("frames", "stacks", "stack", "fingerprints")
+# Evidence kept for --json but not worth a line in the terminal.
+_HIDDEN_EVIDENCE = {"frames", "stacks", "stack", "fingerprints", "kind", "seq", "secondary_only", "reduction_error",
+                    "failed_ranks", "rank_groups", "calls", "site", "timeline", "ranks", "rank", "sequence",
+                    "first_divergence", "threshold_s", "decoded", "secondary", "message", "exception"}
+
+
+def _text(value) -> str:
+    if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+        return ", ".join(f"rank {k}: {_text(v)}" for k, v in sorted(value.items(), key=lambda kv: int(kv[0])))
+    if isinstance(value, (list, tuple)) and all(not isinstance(v, (dict, list)) for v in value):
+        return ", ".join(map(str, value))
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _evidence_lines(evidence: dict, limit: int = 8) -> list[str]:
     lines = []
     for key, value in evidence.items():
-        if key in _HIDDEN_EVIDENCE or value is None:
+        if key in _HIDDEN_EVIDENCE or value is None or value == [] or value == {}:
             continue
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        text = _text(value)
         if len(text) > 160:
             text = text[:157] + "..."
-        lines.append(f"{key}: {text}")
+        lines.append(f"{key.replace('_', ' ')}: {text}")
         if len(lines) >= limit:
             break
     return lines
+
+
+def _rank_table(states: dict) -> Optional[Table]:
+    """Rank, state, what it waits in, where, last collective, stalled for: one row per rank."""
+    if not isinstance(states, dict) or not states or not all(isinstance(s, dict) and "state" in s
+                                                             for s in states.values()):
+        return None
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for column in ("rank", "state", "waiting in", "at", "last collective", "stalled"):
+        table.add_column(column)
+    for rank, state in sorted(states.items(), key=lambda kv: int(kv[0])):
+        where = state.get("where") or {}
+        at = f"{where.get('file', '').rsplit('/', 1)[-1]}:{where.get('line')} ({where.get('function')})" if where else ""
+        last = state.get("last_collective") or {}
+        last_text = f"#{last.get('n')} {last.get('op')}" if last else ""
+        stalled = f"{state['stalled_s']:.0f}s" if isinstance(state.get("stalled_s"), (int, float)) else ""
+        table.add_row(str(rank), state["state"], state.get("waiting_in") or "", at, last_text, stalled)
+    return table
+
+
+def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table]:
+    """The last collectives of every rank side by side; the first divergent one marked."""
+    if not isinstance(timeline, dict):
+        return None
+    numbers = sorted({int(n) for calls in timeline.values() for n in calls})
+    if not numbers:
+        return None
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="last collectives",
+                  title_justify="left")
+    table.add_column("rank")
+    for n in numbers:
+        table.add_column(f"#{n}" + (" <- diverge" if n == divergence else ""))
+    for rank, calls in sorted(timeline.items(), key=lambda kv: int(kv[0])):
+        table.add_row(rank, *[calls.get(str(n), "-") for n in numbers])
+    return table
 
 
 def _where(location: dict | None) -> str | None:
@@ -58,8 +108,20 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
             glyph, style = _GLYPHS[status]
             console.print(Text(f" {glyph} ", style=f"bold {style}") + Text(f"{check['id']:<18}", style="bold")
                           + Text(summary, style="dim" if status in ("pass", "skip") else ""))
+    if data.get("cut"):
+        cut = data["cut"]
+        unit = "optimizer steps" if cut["reason"] == "max-steps" else "training epochs"
+        console.print(Text(f"run cut on purpose after {cut['at']} {unit} (--{cut['reason']}): the checks judged "
+                           "what ran until then"))
     for finding in data["findings"]:
         _render_finding(console, finding, plain=plain)
+    for entry in data.get("suppressed", []):
+        finding, where = entry["finding"], _where(entry["finding"].get("location"))
+        console.print(Text(f"suppressed {finding['severity']} {finding['check']} at {where}: {finding['message']} "
+                           f"(reason: {entry['reason'] or 'none given'})", style="dim"))
+    for stale in data.get("unused_suppressions", []):
+        console.print(Text(f"ddpdoctor: the suppression at {stale['file']}:{stale['line']} "
+                           f"(ignore[{', '.join(stale['checks'])}]) matched nothing", style="yellow"))
     for problem in data.get("probe_errors", []):
         console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}) on ranks "
                            f"{problem['ranks'] or '-'}; checks left incomplete: {', '.join(problem['checks'])}",
@@ -75,7 +137,12 @@ def _render_finding(console: Console, finding: dict, *, plain: bool) -> None:
         body.append(Text(f"at {where}"))
     if ranks:
         body.append(Text(f"ranks: {ranks}"))
-    body.extend(Text(line, style="dim") for line in _evidence_lines(finding.get("evidence", {})))
+    evidence = finding.get("evidence", {})
+    body.extend(Text(line, style="dim") for line in _evidence_lines(evidence))
+    for table in (_rank_table(evidence.get("ranks")),
+                  _timeline_table(evidence.get("timeline") or {}, evidence.get("first_divergence"))):
+        if table is not None:
+            body.append(table)
     for consequence in finding.get("consequences", []):
         at = _where(consequence.get("location"))
         body.append(Text(f"consequence ({consequence['check']}): {consequence['message']}"
@@ -85,7 +152,10 @@ def _render_finding(console: Console, finding: dict, *, plain: bool) -> None:
     if plain:
         console.print(Text(title))
         for line in body:
-            console.print(Text("    ") + line)
+            if isinstance(line, Text):
+                console.print(Text("    ") + line)
+            else:
+                console.print(Padding(line, (0, 0, 0, 4), expand=False))
     else:
         console.print(Panel(Group(*body), title=title, title_align="left",
                             border_style=_SEVERITY_STYLE[finding["severity"]]))

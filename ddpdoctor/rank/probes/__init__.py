@@ -1,10 +1,11 @@
 """In-rank probes. ``install`` hooks torch before the user's script runs; nothing here changes
-what the script computes, and a probe that fails is recorded, never raised into the script."""
+what the script computes, and a probe that fails is recorded, never raised into the script.
+Third-party checks' probes (``Check.probe``) install after the built-in ones, under their check's id."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Callable, Iterator
 
 from ddpdoctor.rank.probes import patching
 from ddpdoctor.rank.recorder import Recorder
@@ -17,10 +18,10 @@ def install(rec: Recorder) -> Callable[[], None]:
     """Install every probe; returns a finalizer that flushes state still open at exit, then
     removes the hooks and restores everything patched."""
     finalizers: list[tuple[str, Callable[[], None]]] = []
-    for name in PROBE_MODULES:
+    for name, target in _installers(rec):
         try:
-            module = importlib.import_module(f"ddpdoctor.rank.probes.{name}")
-            finalizer = module.install(rec)
+            module, _, function = target.partition(":")
+            finalizer = getattr(importlib.import_module(module), function)(rec)
         except Exception as exc:
             rec.probe_failed(name, exc, phase="install")
             continue
@@ -36,3 +37,22 @@ def install(rec: Recorder) -> Callable[[], None]:
         patching.restore_all()
 
     return finish
+
+
+def _installers(rec: Recorder) -> Iterator[tuple[str, str]]:
+    """(probe name, "module:function"): the built-ins, then (looked up only once those are in) the plugins'."""
+    for name in PROBE_MODULES:
+        yield name, f"ddpdoctor.rank.probes.{name}:install"
+    yield from _plugin_probes(rec)
+
+
+def _plugin_probes(rec: Recorder) -> list[tuple[str, str]]:
+    """(check id, "module:function") of every loadable third-party check with a probe
+    (none under DDPDOCTOR_DISABLE_PLUGINS=1); broken plugins are the supervisor's to report."""
+    try:
+        from ddpdoctor.analysis.registry import load_checks
+
+        return [(c.id, c.check.probe) for c in load_checks(builtins=False) if c.check is not None and c.check.probe]
+    except Exception as exc:  # unreadable package metadata: the built-in probes still run
+        rec.probe_failed("plugins", exc, phase="install")
+        return []

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from ddpdoctor.rank import callsite
+from ddpdoctor.rank import bounds, callsite
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
@@ -52,8 +52,8 @@ class _Pass:
         self.order = hashlib.blake2b(digest_size=8)
         self.head: list[int] = []
         self.sampler_info = _sampler_info(loader)
-        if self.sampler_info.distributed and self.sampler_info.epoch is not None:
-            rec.epoch = self.sampler_info.epoch
+        if self.sampler_info.distributed and self.sampler_info.shuffle and self.sampler_info.epoch is not None:
+            rec.epoch = self.sampler_info.epoch  # the training sampler's epoch (evaluation ones do not shuffle)
         self.dataset = loader.dataset
         base = _base_dataset(loader.dataset)
         self.loader_info = {
@@ -185,6 +185,10 @@ def install(rec: Recorder) -> Callable[[], None]:
     """Patch the DataLoader iterator; returns a function that closes passes still open at exit."""
     open_passes: list[_Pass] = []
     pass_counts: dict[str, int] = {}
+    training_passes: dict[str, int] = {}  # per loader: passes that fed training, for --max-epochs
+
+    def fed_training(p: _Pass) -> bool:
+        return rec.num_steps > p.start_steps or ddp_probe.total_synced_forwards() > p.start_ddp_forwards
 
     def start_pass(iterator: _BaseDataLoaderIter, loader: DataLoader) -> None:
         if getattr(loader, "_dataset_kind", 0) != 0:  # iterable datasets have no indices
@@ -193,7 +197,11 @@ def install(rec: Recorder) -> Callable[[], None]:
         # Keyed by where the loader was built, so a loader re-created every epoch is one loader.
         key = f"{site[0]['file']}:{site[0]['line']}" if site else "loader"
         for other in [p for p in open_passes if p.key == key]:
+            if fed_training(other):
+                training_passes[key] = training_passes.get(key, 0) + 1
             other.finish(complete=False)  # a new pass over the same loader ends the old one
+        if training_passes.get(key):
+            bounds.before_pass(rec, training_passes[key])  # --max-epochs: raises RunCut at this boundary
         number = pass_counts.get(key, 0)
         pass_counts[key] = number + 1
         iterator.__dict__["_ddpdoctor_pass"] = _Pass(rec, loader, key, number, site, open_passes)
@@ -236,7 +244,9 @@ def install(rec: Recorder) -> Callable[[], None]:
                 batch = original(self)
             except StopIteration:
                 current = self.__dict__.get("_ddpdoctor_pass")
-                if current is not None:
+                if current is not None and current.open:
+                    if fed_training(current):
+                        training_passes[current.key] = training_passes.get(current.key, 0) + 1
                     current.finish(complete=True)
                 raise
             current = self.__dict__.get("_ddpdoctor_pass")

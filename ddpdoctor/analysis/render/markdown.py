@@ -1,0 +1,56 @@
+"""The report as GitHub-flavoured Markdown, for $GITHUB_STEP_SUMMARY or a pull-request comment:
+the verdict, a table of checks, then each top-level finding with its consequences and fix."""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis.api import Finding, Location
+from ddpdoctor.analysis.render.terminal import verdict
+from ddpdoctor.analysis.report import Report
+
+__all__ = ["render_markdown"]
+
+_STATUS = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "➖"}
+_SEVERITY = {"error": "❌", "warning": "⚠️", "info": "ℹ️"}
+
+
+def _cell(text: str) -> str:
+    """A table cell: a pipe or a newline would split the row."""
+    return text.replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+
+def _where(location: Location) -> str:
+    return f"`{location.file}:{location.line}`"
+
+
+def _finding(finding: Finding) -> list[str]:
+    lines = [f"### {_SEVERITY[finding.severity]} {finding.severity.upper()} `{finding.check}`", "", finding.message, ""]
+    if finding.location:
+        lines.append(f"- **Location:** {_where(finding.location)}")
+    if finding.ranks:
+        lines.append(f"- **Ranks:** {', '.join(map(str, sorted(finding.ranks)))}")
+    lines.append(f"- **Fix:** {finding.fix}")
+    if finding.consequences:
+        lines.append("- **Consequences:**")
+        for c in finding.consequences:
+            at = f" at {_where(c.location)}" if c.location else ""
+            lines.append(f"  - `{c.check}`: {c.message}{at}")
+    return lines + [""]
+
+
+def render_markdown(report: Report, *, fail_on: str = "warning") -> str:
+    nodes = f"{report.nnodes} node{'s' if report.nnodes != 1 else ''}"
+    icon = "❌" if report.exit_code(fail_on) else "✅"
+    lines = [f"## {icon} ddpdoctor {verdict(report, fail_on)}", "",
+             f"`{report.script or 'reference job'}` on {report.world_size} ranks ({nodes}, {report.backend}, "
+             f"{report.device}), outcome **{report.outcome}**, {report.duration_s:.1f}s, ddpdoctor {report.version}",
+             "", "| | Check | Summary |", "|---|---|---|"]
+    for check in report.checks:
+        summary = check.summary + (f" (incomplete: probe {', '.join(check.incomplete)} failed)"
+                                   if check.incomplete else "")
+        lines.append(f"| {_STATUS.get(check.status, check.status)} | `{_cell(check.id)}` | {_cell(summary)} |")
+    lines.append("")
+    if report.findings:
+        lines += ["## Findings", ""]
+        for finding in report.findings:
+            lines += _finding(finding)
+    return "\n".join(lines)
