@@ -1,0 +1,92 @@
+"""Benchmark workload on a GPU: a GPT-style decoder (~130M parameters, bf16 autocast, fused AdamW)
+trained with DDP; rank 0 prints the time of every step after the warm-up.
+
+    torchrun --nproc-per-node 1 bench/gpt_step.py --steps 60
+    ddpdoctor check bench/gpt_step.py -n 1 -- --steps 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+
+class Block(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = nn.MultiheadAttention(width, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, width: int, depth: int, heads: int, context: int) -> None:
+        super().__init__()
+        self.embed, self.position = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
+        self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        mask = torch.triu(torch.full((length, length), float("-inf"), device=tokens.device), diagonal=1)
+        x = self.embed(tokens) + self.position(torch.arange(length, device=tokens.device))
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.norm(x))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--context", type=int, default=512)
+    args = parser.parse_args()
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    model = GPT(vocab=32000, width=768, depth=12, heads=12, context=args.context).to(device)
+    params = sum(p.numel() for p in model.parameters())
+    model = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
+    generator = torch.Generator(device=device).manual_seed(dist.get_rank())
+    times = []
+    for step in range(args.steps):
+        tokens = torch.randint(0, 32000, (args.batch, args.context + 1), device=device, generator=generator)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append((time.perf_counter() - start) * 1000)
+    if dist.get_rank() == 0:
+        print("STEP_TIMES_MS " + json.dumps({"params": params, "tensors": len(list(model.parameters())),
+                                             "times": times}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Where a probed step's time goes, in one process (1 rank): the same training step with no probes,
+with every probe, and with every probe but one kind, so each probe's share shows.
+
+    python bench/probe_cost.py [--model gpt|mlp] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def build(kind: str, device: torch.device):
+    if kind == "gpt":
+        from gpt_step import GPT
+
+        model = GPT(vocab=32000, width=768, depth=12, heads=12, context=512).to(device)
+
+        def batch():
+            tokens = torch.randint(0, 32000, (16, 513), device=device)
+            return tokens[:, :-1], tokens[:, 1:]
+
+        def loss_fn(out, target):
+            return F.cross_entropy(out.float().flatten(0, 1), target.flatten())
+    else:
+        layers = []
+        for _ in range(8):
+            layers += [torch.nn.Linear(1120, 1120), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(1120, 10)).to(device)
+
+        def batch():
+            return torch.randn(64, 1120, device=device), torch.randint(0, 10, (64,), device=device)
+
+        loss_fn = F.cross_entropy
+    return model, batch, loss_fn
+
+
+def measure(kind: str, steps: int, variant: str) -> float:
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, batch, loss_fn = build(kind, device)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-4, fused=device.type == "cuda")
+    times = []
+    for step in range(steps):
+        x, y = batch()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            out = ddp(x)
+        loss_fn(out, y).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if step >= 5:
+            times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def run_variant(kind: str, steps: int, variant: str, every: int) -> float:
+    """A fresh process per variant: probes cannot be uninstalled cleanly in between."""
+    import subprocess
+
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import probe_cost; "
+            f"probe_cost.child({kind!r}, {steps}, {variant!r}, {every})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    for line in out.stdout.splitlines():
+        if line.startswith("MEDIAN_MS "):
+            return float(line.split()[1])
+    raise RuntimeError(out.stdout[-2000:] + out.stderr[-3000:])
+
+
+def child(kind: str, steps: int, variant: str, every: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1",
+                      LOCAL_RANK="0")
+    torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
+    if variant != "no probes":
+        from ddpdoctor.rank import probes
+        from ddpdoctor.rank.probes import ddp as ddp_probe
+        from ddpdoctor.rank.recorder import Recorder
+        from ddpdoctor.schema.settings import RankSettings
+
+        if variant == "all probes but the gradient hooks":
+            ddp_probe._grad_arrived = None  # noqa: the hooks below become no-ops
+            original = torch.Tensor.register_post_accumulate_grad_hook
+            torch.Tensor.register_post_accumulate_grad_hook = lambda self, hook: None  # type: ignore
+        rec = Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=every))
+        probes.install(rec)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    print(f"MEDIAN_MS {measure(kind, steps, variant):.3f}", flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=("gpt", "mlp"), default="gpt" if torch.cuda.is_available() else "mlp")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    variants = [("no probes", 0), ("all probes, fingerprint every step", 1),
+                ("all probes, fingerprint no step (schedule past step 200)", 10**9),
+                ("all probes but the gradient hooks", 10**9)]
+    results: dict[str, list[float]] = {v: [] for v, _ in variants}
+    for _ in range(args.rounds):
+        for variant, every in variants:
+            results[variant].append(run_variant(args.model, args.steps, variant, every))
+    base = statistics.median(results["no probes"])
+    print(f"\nprobe cost per step, {args.model}, 1 rank, "
+          f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU, 1 thread'}")
+    for variant, values in results.items():
+        value = statistics.median(values)
+        print(f"  {variant:<58} {value:8.2f} ms  {value / base:6.3f}x")
+
+
+if __name__ == "__main__":
+    main()
