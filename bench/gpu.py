@@ -25,14 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-
-def table(title: str, header: list[str], rows: list[list]) -> None:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    print(f"\n{title}")
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
+from run import table  # noqa: E402  (bench/run.py: the same table printer for every benchmark)
 
 
 def per_tensor_fingerprint(tensors: list[torch.Tensor]) -> list:
