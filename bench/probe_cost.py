@@ -90,13 +90,10 @@ def child(kind: str, steps: int, variant: str, every: int) -> None:
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     if variant != "no probes":
         from ddpdoctor.rank import probes
-        from ddpdoctor.rank.probes import ddp as ddp_probe
         from ddpdoctor.rank.recorder import Recorder
         from ddpdoctor.schema.settings import RankSettings
 
-        if variant == "all probes but the gradient hooks":
-            ddp_probe._grad_arrived = None  # noqa: the hooks below become no-ops
-            original = torch.Tensor.register_post_accumulate_grad_hook
+        if variant == "all probes but the gradient hooks":  # the DDP probe's registrations become no-ops
             torch.Tensor.register_post_accumulate_grad_hook = lambda self, hook: None  # type: ignore
         rec = Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=every))
         probes.install(rec)

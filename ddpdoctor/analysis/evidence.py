@@ -7,13 +7,10 @@ facts several checks share are computed once, on first use, in ``evidence.facts`
 from __future__ import annotations
 
 import functools
-import glob
 import json
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, TypeVar
 
-from ddpdoctor.schema import layout
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProcessStart, event_from_json
 from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
 
@@ -146,12 +143,3 @@ def parse_lines(lines: Iterable[str]) -> list[Event]:
         except (json.JSONDecodeError, TypeError, ValueError):
             continue
     return events
-
-
-def read_events_dir(directory: str) -> list[list[Event]]:
-    """Every process's events in ``directory`` (one ``events-<pid>.jsonl`` per process)."""
-    processes = []
-    for path in sorted(glob.glob(os.path.join(directory, layout.EVENTS_GLOB))):
-        with open(path, errors="replace") as f:
-            processes.append(parse_lines(f))
-    return processes

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from ddpdoctor.analysis.api import Location
-from ddpdoctor.analysis.compare import differs, group_by_value
+from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.indices import decode_indices, encode_indices
 from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
