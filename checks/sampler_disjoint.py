@@ -7,8 +7,8 @@ from typing import Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap
 from ddpdoctor.schema.events import LoaderPass, SamplerInfo
-from ddpdoctor.schema.indices import decode_indices
 
 from ._common import fmt_ranks
 
@@ -66,20 +66,18 @@ def _expected_unseen(sampler: SamplerInfo, loader_drop_last: bool, batch_size: O
     return allowed
 
 
-def _is_wraparound(events: dict[int, LoaderPass], per_rank: dict[int, set[int]], shared: list[int],
-                   world_size: int) -> bool:
+def _is_wraparound(events: dict[int, LoaderPass], drawn_sets: Overlap, world_size: int) -> bool:
     """Padding by wrap-around, as any sampler that evens out the last batches does (DistributedSampler,
     Accelerate's even_batches): a few extra draws, each in the last batch of some rank and repeating
     a sample from the first batch of some rank."""
-    drawn = sum(len(s) for s in per_rank.values())
-    union = len(set().union(*per_rank.values()))
+    drawn, union = drawn_sets.drawn, drawn_sets.union
     batch = max(e.batch_size or -(-(e.num_samples or 0) // max(e.num_batches, 1)) or 1 for e in events.values())
     extra = drawn - union
     if extra <= 0 or extra > world_size * batch or 2 * extra >= union:
         return False
     firsts = {i for e in events.values() for i in e.head[:batch]}
     lasts = {i for e in events.values() for i in e.tail[-batch:]}
-    return all(i in firsts and i in lasts for i in shared)
+    return all(i in firsts and i in lasts for i in drawn_sets.shared.tolist())
 
 
 def _fix_for(sampler: SamplerInfo, world_size: int) -> str:
@@ -111,11 +109,11 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     dataset_len = any_event.dataset_len
     sampler = any_event.sampler
     is_train = purpose == "training"
-    per_rank = {r: set(decode_indices(e.indices)) for r, e in events.items() if e.indices is not None}
+    per_rank = {r: distinct_indices(e.indices) for r, e in events.items() if e.indices is not None}
     if len(per_rank) < 2:
         return None
-    counts = Counter(i for s in per_rank.values() for i in s)
-    shared = sorted(i for i, c in counts.items() if c > 1)
+    drawn_sets = overlap(per_rank)
+    shared = drawn_sets.shared
     location = Location.from_site(any_event.site)
     loader_name = f"the {'training' if is_train else 'evaluation'} DataLoader"
     base = {"loader": key[0], "pass": key[1], "sampler": sampler.type, "dataset_len": dataset_len,
@@ -123,13 +121,13 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
             "epoch": sampler.epoch}
     ranks = tuple(sorted(per_rank))
     padding = _expected_padding(sampler, dataset_len or 0)
-    wraparound = bool(shared) and len(shared) > padding and _is_wraparound(events, per_rank, shared, world_size)
-    if shared and len(shared) > padding and not wraparound:
-        everyone_everything = all(len(s) == len(counts) for s in per_rank.values())
-        evidence = {**base, "num_shared": len(shared), "shared_examples": shared[:10]}
+    wraparound = len(shared) > padding and _is_wraparound(events, drawn_sets, world_size)
+    if len(shared) > padding and not wraparound:
+        everyone_everything = all(size == drawn_sets.union for size in drawn_sets.sizes.values())
+        evidence = {**base, "num_shared": len(shared), "shared_examples": shared[:10].tolist()}
         if not is_train and everyone_everything:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
-                           message=(f"every rank iterated all {len(counts)} samples of {loader_name} (pass {key[1]}): "
+                           message=(f"every rank iterated all {drawn_sets.union} samples of {loader_name} (pass {key[1]}): "
                                     "the evaluation is repeated on each rank rather than sharded"),
                            fix="Shard evaluation with DistributedSampler(dataset, shuffle=False) and all_reduce the "
                                "metric sums, or evaluate on rank 0 only.")
@@ -138,8 +136,8 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
                        message=(f"{len(shared)} of {dataset_len} samples of {loader_name} were drawn by more than one "
                                 f"rank in pass {key[1]} (sampler {sampler.type})"),
                        fix=_fix_for(sampler, world_size))
-    if shared:
-        evidence = {**base, "num_padding_duplicates": len(shared), "padding_examples": shared[:10]}
+    if len(shared):
+        evidence = {**base, "num_padding_duplicates": len(shared), "padding_examples": shared[:10].tolist()}
         who = "DistributedSampler" if sampler.distributed and not wraparound else f"the sampler ({sampler.type})"
         if is_train:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
@@ -155,7 +153,7 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     same_domain = len({e.domain for e in events.values()}) == 1
     complete = all(e.complete for e in events.values()) and len(events) == world_size
     if complete and dataset_len and same_domain:
-        unseen = dataset_len - len(counts)
+        unseen = dataset_len - drawn_sets.union
         allowed = _expected_unseen(sampler, any_event.drop_last, any_event.batch_size, dataset_len, world_size)
         if unseen > allowed:
             severity = "error" if unseen > dataset_len // 4 else "warning"

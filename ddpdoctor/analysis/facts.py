@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
-from ddpdoctor.schema.indices import decode_indices, encode_indices
+from ddpdoctor.schema.indices import merge_encoded
 from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
                                      OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
@@ -284,7 +284,7 @@ def merge_parts(parts: list[LoaderPass]) -> LoaderPass:
     if len(parts) == 1:
         return last
     opaque = any(p.indices is None for p in parts)
-    indices = None if opaque else encode_indices([i for p in parts for i in decode_indices(p.indices)])
+    indices = None if opaque else merge_encoded(p.indices for p in parts)
     return dataclasses.replace(last, part=0, indices=indices, head=parts[0].head,
                                num_samples=None if opaque else sum(p.num_samples or 0 for p in parts))
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ddpdoctor.analysis.compare import RTOL, differs, relative_difference
-from ddpdoctor.schema.indices import decode_indices, encode_indices, order_hash
+from ddpdoctor.schema.indices import decode_indices, encode_indices, merge_encoded, order_hash
 
 
 @pytest.mark.parametrize("indices", [
@@ -19,6 +19,18 @@ def test_encode_decode_round_trip_is_the_sorted_multiset(indices):
     assert isinstance(encoded, str)
     encoded.encode("ascii")
     assert decode_indices(encoded) == sorted(indices)
+
+
+def test_merged_parts_decode_to_the_union_multiset():
+    parts = [[9, 2], [], [2, 5, 2**40], [-1]]
+    merged = merge_encoded(encode_indices(p) for p in parts)
+    assert decode_indices(merged) == sorted(i for p in parts for i in p)
+    assert decode_indices(merge_encoded([])) == []
+
+
+def test_gaps_use_the_narrowest_type():
+    assert encode_indices(range(0, 1000, 3)).startswith("u1,0,")
+    assert encode_indices([0, 70_000]).startswith("u4,0,")
 
 
 def test_duplicates_are_kept():
