@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from run import table  # noqa: E402  (bench/run.py: the same table printer for every benchmark)
+from common import table  # noqa: E402  (the same table printer for every benchmark)
 
 
 def per_tensor_fingerprint(tensors: list[torch.Tensor]) -> list:

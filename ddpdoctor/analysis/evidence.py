@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, TypeVar
 
-from ddpdoctor.schema.events import Event, InitProcessGroup, ProcessStart, event_from_json
+from ddpdoctor.schema.events import Event, InitProcessGroup, ProcessStart, Step, event_from_json
+from ddpdoctor.schema.fingerprints import intern
 from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
 
 if TYPE_CHECKING:
@@ -134,12 +135,20 @@ def _rank_of(events: list[Event]) -> Optional[int]:
     return int(ranks[-1]) if ranks else None
 
 
-def parse_lines(lines: Iterable[str]) -> list[Event]:
-    """Typed events of one process's JSON lines; a line torn by a kill at write time is skipped."""
+def parse_lines(lines: Iterable[str], pool: Optional[dict[str, str]] = None) -> list[Event]:
+    """Typed events of one process's JSON lines; a line torn by a kill at write time is skipped.
+
+    Pass the same ``pool`` for every process of a job: equal step fingerprints are then stored
+    once, which is what keeps the evidence of a thousand ranks in memory at all.
+    """
+    pool = {} if pool is None else pool
     events = []
     for line in lines:
         try:
-            events.append(event_from_json(json.loads(line)))
+            event = event_from_json(json.loads(line))
         except (json.JSONDecodeError, TypeError, ValueError):
             continue
+        if isinstance(event, Step):
+            event.grads, event.params = intern(event.grads, pool), intern(event.params, pool)
+        events.append(event)
     return events

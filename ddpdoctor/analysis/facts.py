@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
+from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
 from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
                                      OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
@@ -48,7 +49,7 @@ def collective_signature(event: Collective) -> tuple:
     if event.op in SHAPE_FREE:
         return (event.op,)
     tensors = event.tensors[:1] if event.op in ROOT_LISTS else event.tensors
-    return (event.op, tuple((tuple(t[0]), t[1]) for t in tensors))
+    return (event.op, repr(tensors))  # shapes and dtypes as JSON gave them: one C call per event
 
 
 @dataclass(frozen=True)
@@ -176,10 +177,11 @@ class Facts:
             for kind in ("grads", "params"):
                 reference = getattr(events[min(events)], kind)
                 if all(getattr(e, kind) == reference for e in events.values()):
-                    continue  # bit-identical replicas, the common case: no per-parameter comparison
-                length = min(len(getattr(e, kind) or []) for e in events.values())
+                    continue  # bit-identical replicas, the common case: one string comparison per rank
+                decoded = {r: decode_fingerprints(getattr(e, kind) or "") for r, e in events.items()}
+                length = min(len(d) for d in decoded.values())
                 for i in range(length):
-                    values = {r: getattr(e, kind)[i] for r, e in events.items()}
+                    values = {r: d[i] for r, d in decoded.items()}
                     groups = group_by_value(values)
                     if len(groups) > 1:
                         return Divergence(n, opt, i, kind, groups, values, events, last_identical.get(opt)), num_compared
@@ -205,16 +207,23 @@ class Facts:
         return {rank: [e for e in ev.of(Collective) if e.group is None and e.op not in POINT_TO_POINT]
                 for rank, ev in self.evidence.ranks.items()}
 
+    @functools.cached_property
+    def _collective_signatures(self) -> dict[int, list[tuple]]:
+        return {rank: [collective_signature(e) for e in trace] for rank, trace in self.world_collectives.items()}
+
     def _first_mismatch(self, *, include_missing: bool) -> Optional[Mismatch]:
         traces = self.world_collectives
         if len(traces) < 2:
             return None
+        signatures = self._collective_signatures
+        reference = next(iter(signatures.values()))
+        if all(s == reference for s in signatures.values()):
+            return None  # every rank made the same calls, the common case: compared as whole lists
         longest = max(len(t) for t in traces.values())
         shortest = min(len(t) for t in traces.values())
         for i in range(longest if include_missing else shortest):
-            at = {r: (t[i] if i < len(t) else None) for r, t in traces.items()}
-            if len({collective_signature(e) if e else None for e in at.values()}) > 1:
-                return Mismatch(n=i + 1, calls=at)
+            if len({s[i] if i < len(s) else None for s in signatures.values()}) > 1:
+                return Mismatch(n=i + 1, calls={r: (t[i] if i < len(t) else None) for r, t in traces.items()})
         return None
 
     @functools.cached_property

@@ -210,8 +210,8 @@ class Step(Event):
     kind: ClassVar[str] = "step"
     opt: int = 0
     n: int = 0
-    grads: Optional[list] = None
-    params: Optional[list] = None
+    grads: Optional[str] = None  # encoded fingerprints (schema/fingerprints.py), None when not sampled
+    params: Optional[str] = None
     forwards: dict = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
 

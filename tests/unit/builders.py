@@ -12,6 +12,7 @@ from typing import Iterable, Optional, Union
 
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.schema import events as ev
+from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.indices import encode_indices, order_hash
 from ddpdoctor.schema.observations import Failure, Heartbeat, Observations, RankState, StopSnapshot
 from ddpdoctor.supervisor.hang import classify
@@ -136,8 +137,8 @@ def step(n: int, grads: Optional[list] = None, params: Optional[list] = None, *,
     step_event = ev.Step(t=float(n) if t is None else t, step=n, opt=opt, n=n,
                          forwards={"0": forwards()} if ddp is None else ddp, closure=closure)
     if grads is not None:
-        step_event.grads = grads
-        step_event.params = params if params is not None else [[1.0, 1.0] for _ in grads]
+        step_event.grads = encode_fingerprints(grads)
+        step_event.params = encode_fingerprints(params if params is not None else [[1.0, 1.0] for _ in grads])
     return step_event
 
 

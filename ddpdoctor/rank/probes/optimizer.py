@@ -27,6 +27,7 @@ from ddpdoctor.rank import fingerprint as fingerprints
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import OptimizerInfo, Step
+from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
 
 PROBE = "optimizer"
@@ -110,7 +111,8 @@ def install(rec: Recorder) -> Callable[[], None]:
                 params = _params_of(optimizer)
                 grads = state.pending_grads if not state.closure else fingerprints.start([p.grad for p in params])
                 if grads is not None:  # one host copy for the gradients and the parameters together
-                    step.grads, step.params = fingerprints.resolve(grads, fingerprints.start(params))
+                    grad_values, param_values = fingerprints.resolve(grads, fingerprints.start(params))
+                    step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
         rec.emit(step)
         state.pending_grads = None
         rec.set_activity("training")

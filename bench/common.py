@@ -1,0 +1,60 @@
+"""What every benchmark shares: running a command timed, and printing a table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "fixtures"
+WORKLOADS = ROOT / "bench" / "workloads"
+PY = sys.executable
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "NO_COLOR": "1"}
+
+
+@dataclass
+class Run:
+    wall_s: float
+    returncode: int
+    output: str
+
+    @property
+    def crash(self) -> str:
+        """"" for a clean exit, else how it ended (a signal by name where there was one)."""
+        if self.returncode == 0:
+            return ""
+        for line in self.output.splitlines():
+            if "Signal " in line and "SIG" in line:  # torchrun: "Signal 11 (SIGSEGV) received by PID"
+                return "crashed: " + line[line.index("SIG"):].split(")")[0]
+        if self.returncode < 0:
+            return f"crashed: {signal.Signals(-self.returncode).name}"
+        return f"exit {self.returncode}"
+
+
+def run(cmd: list[str], cwd: str, env: dict | None = None, timeout: float = 900) -> Run:
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=cwd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return Run(time.monotonic() - start, proc.returncode, proc.stdout + proc.stderr)
+
+
+def torchrun(script: Path, *args: str) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), *args]
+
+
+def doctor(script: Path | None, *options: str, script_args: tuple[str, ...] = ()) -> list[str]:
+    head = [PY, "-m", "ddpdoctor", "check"] + ([str(script)] if script else [])
+    return head + ["--plain", *options] + (["--", *script_args] if script_args else [])
+
+
+def table(title: str, header: list[str], rows: list[list]) -> None:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    print(f"\n{title}")
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |")
