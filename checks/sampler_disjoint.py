@@ -11,6 +11,7 @@ from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap
 from ddpdoctor.schema.events import LoaderPass, SamplerInfo
 
 from ._common import fmt_ranks
+from ._content import overlap_findings
 
 ID = "sampler-disjoint"
 
@@ -26,6 +27,16 @@ sampler or batch sampler, with any number of workers, and compares the ranks' se
   wrapping around, like Accelerate's `even_batches`) repeats a few samples so every rank gets the
   same count. Harmless for training, reported as info; in an evaluation loader they are counted
   twice in your metrics, reported as a warning.
+
+Where indices cannot tell (an `IterableDataset` or streaming pipeline with no sampler, a dataset
+each rank builds in its own order behind a non-shuffling `DistributedSampler`, hand-written
+batching with no DataLoader), it compares the **content**: a fingerprint of every row of every
+batch a DataLoader yields and of every batch entering a DDP training forward. A training pass in
+which a large share of one rank's samples were also fed to another rank, far more than chance
+and the data's own duplicates explain, is an error naming the DataLoader and its dataset class
+(or "forward input") and the fix for the pattern: shard the stream by rank and worker, sort or
+seed the file list, use `DistributedSampler`. When the indices already show the overlap, the
+content finding is listed as its consequence.
 
 Coverage is judged against the dataset the sampler samples (a `Subset` from `random_split`
 included). A loader that feeds only a model not trained through DDP (a rank-local reference copy)
@@ -166,14 +177,11 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     return None
 
 
-def analyze(evidence: Evidence) -> CheckResult:
-    if evidence.world_size < 2:
-        return CheckResult(summary="single process: nothing to compare", applicable=False)
+def _index_findings(evidence: Evidence) -> tuple[list[Finding], dict]:
+    """Findings from the sampler indices (one per loader and severity), and the passes compared."""
     comparable = {k: {r: e for r, e in v.items() if e.num_batches > 0}
                   for k, v in evidence.facts.loader_passes.items()}
     comparable = {k: v for k, v in comparable.items() if len(v) >= 2}
-    if not comparable:
-        return CheckResult(summary="no DataLoader pass seen on two ranks", applicable=False)
     ddp_job = bool(evidence.facts.ddp_wraps)
     first_per_loader: dict[tuple[str, str], Finding] = {}
     affected: Counter = Counter()
@@ -188,13 +196,25 @@ def analyze(evidence: Evidence) -> CheckResult:
     for slot, finding in first_per_loader.items():
         finding.evidence["num_passes_affected"] = affected[slot]
         findings.append(finding)
+    return findings, comparable
+
+
+def analyze(evidence: Evidence) -> CheckResult:
+    if evidence.world_size < 2:
+        return CheckResult(summary="single process: nothing to compare", applicable=False)
+    findings, comparable = _index_findings(evidence)
+    content_findings, num_content = overlap_findings(evidence)
+    findings += content_findings
+    if not comparable and not num_content and not findings:
+        return CheckResult(summary="no DataLoader pass seen on two ranks", applicable=False)
     loaders = {k[0] for k in comparable}
+    clean = (f"{len(comparable)} passes over {len(loaders)} loader(s): shards disjoint" if comparable
+             else f"{num_content} passes compared by content: no overlap")
     if not findings:
-        return CheckResult(summary=f"{len(comparable)} passes over {len(loaders)} loader(s): shards disjoint")
+        return CheckResult(summary=clean)
     worst = [f for f in findings if f.severity != "info"]
-    summary = (f"overlapping or missing samples in {len(worst)} loader(s)" if worst
-               else f"{len(comparable)} passes over {len(loaders)} loader(s): shards disjoint")
-    return CheckResult(findings=findings, summary=summary + (f" ({fmt_ranks(findings[0].ranks)})" if worst else ""))
+    summary = (f"overlapping or missing samples in {len(worst)} loader(s)" if worst else clean)
+    return CheckResult(findings=findings, summary=summary + (f" ({fmt_ranks(worst[0].ranks)})" if worst else ""))
 
 
 CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS)

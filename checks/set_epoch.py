@@ -7,6 +7,7 @@ from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import LoaderPass
 
 from ._common import fmt_ranks
+from ._content import repeated_order_findings
 
 ID = "set-epoch"
 
@@ -15,6 +16,9 @@ DOCS = """\
 Watches every training pass (one with optimizer steps) over a DataLoader whose sampler is a
 shuffling `DistributedSampler` and records the sampler's epoch at the start of the pass. Two or more passes with the same epoch mean
 `sampler.set_epoch(epoch)` was not called each epoch.
+An `IterableDataset` has no sampler to watch: there, two consecutive training passes that feed
+exactly the same samples in exactly the same order (by content fingerprint) mean the stream is
+never reshuffled between epochs.
 
 ## Why it matters
 `DistributedSampler` shuffles with `seed + epoch`. Without `set_epoch`, every epoch visits the
@@ -49,6 +53,10 @@ def analyze(evidence: Evidence) -> CheckResult:
             if sampler.distributed and sampler.shuffle and event.steps > 0:
                 passes.setdefault((rank, f"{loader}|{event.dataset_len}"), {})[number] = event
     multi = {k: [v[n] for n in sorted(v)] for k, v in passes.items() if len(v) >= 2}
+    streams = repeated_order_findings(evidence)
+    if not multi and streams:
+        ranks = sorted({r for f in streams for r in f.ranks})
+        return CheckResult(findings=streams, summary=f"stream repeats its order every epoch ({fmt_ranks(ranks)})")
     if not multi:
         return CheckResult(summary="no shuffling DistributedSampler iterated twice", applicable=False)
     stale: dict[str, dict] = {}
@@ -58,7 +66,7 @@ def analyze(evidence: Evidence) -> CheckResult:
             entry = stale.setdefault(loader, {"ranks": [], "epochs": epochs, "site": events[0].site,
                                               "orders": [e.order for e in events]})
             entry["ranks"].append(rank)
-    if not stale:
+    if not stale and not streams:
         return CheckResult(summary=f"{len(multi)} shuffling sampler(s) got a new epoch every pass")
     findings = []
     for loader, info in stale.items():
@@ -74,7 +82,8 @@ def analyze(evidence: Evidence) -> CheckResult:
             ranks=tuple(info["ranks"]), location=Location.from_site(info["site"]),
             evidence={"loader": loader, "sampler_epochs": epochs, "identical_order": same_order},
         ))
-    ranks = sorted({r for i in stale.values() for r in i["ranks"]})
+    findings += streams
+    ranks = sorted({r for f in findings for r in f.ranks})
     return CheckResult(findings=findings, summary=f"set_epoch missing ({fmt_ranks(ranks)})")
 
 

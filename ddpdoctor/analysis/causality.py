@@ -60,7 +60,28 @@ def _orphan_of_failed_ranks(finding: Finding, cause: Finding) -> bool:
         and absent <= failed
 
 
+def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
+    """NCCL's "Duplicate GPU detected" crash (or a peer's failure after it) when ranks share a GPU."""
+    decoded = finding.evidence.get("decoded") or {}
+    return finding.check == "rank-failure" and (decoded.get("code") == "duplicate-gpu"
+                                                 or bool(finding.evidence.get("secondary_only")))
+
+
+def _index_overlap(finding: Finding) -> bool:
+    return (finding.check == "sampler-disjoint" and finding.severity in ("error", "warning")
+            and finding.evidence.get("basis", "indices") == "indices")
+
+
+def _same_overlap_by_content(finding: Finding, cause: Finding) -> bool:
+    """The samples' fingerprints show the overlap the sampler indices already showed (same loader)."""
+    return (finding.check == "sampler-disjoint" and finding.evidence.get("basis") == "content"
+            and (finding.evidence.get("loader") == cause.evidence.get("loader")
+                 or finding.evidence.get("source") == "forward"))
+
+
 RULES: tuple[Rule, ...] = (
+    # Two ranks on one GPU: env-consistency names the ranks and the GPU; NCCL's crash follows.
+    Rule("ranks share a GPU", _is("env-consistency", severities=("error",), kind="shared-gpu"), _duplicate_gpu_crash),
     # DDP raised "Expected to have finished reduction": the unused parameters are the cause.
     Rule("unused parameters crash DDP", _is("unused-parameters", severities=("error",)),
          lambda f, _c: (f.check == "rank-failure" and bool(f.evidence.get("reduction_error")))
@@ -83,6 +104,8 @@ RULES: tuple[Rule, ...] = (
     # A rank crashed first: its peers' failed collectives follow from it.
     Rule("a rank crashed", _is("rank-failure", severities=("error",), secondary_only=(False, None)),
          _orphan_of_failed_ranks),
+    # Overlapping sampler indices: the overlapping sample content is the same bug, seen again.
+    Rule("index overlap seen in content", _index_overlap, _same_overlap_by_content),
 )
 
 

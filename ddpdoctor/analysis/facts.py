@@ -200,6 +200,14 @@ class Facts:
             out.setdefault((loader, number), {})[rank] = merge_parts(pieces)
         return out
 
+    @functools.cached_property
+    def content_streams(self) -> "dict[tuple, dict[int, content.Stream]]":
+        """(source, key, feeds, number) -> rank -> that rank's sample fingerprints of the pass."""
+        from ddpdoctor.analysis import content
+        from ddpdoctor.schema.events import ContentPass
+
+        return content.merge_streams(self.evidence.events(ContentPass))
+
     # -- collectives ------------------------------------------------------------------------------
     @functools.cached_property
     def world_collectives(self) -> dict[int, list[Collective]]:

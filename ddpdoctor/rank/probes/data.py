@@ -10,8 +10,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import time
-from array import array
+import weakref
 from typing import Any, Callable, Optional
+
+import numpy as np
 
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -27,6 +29,21 @@ PROBE = "data"
 HEAD_TAIL = 64  # at least this many first and last draws kept in order, to recognise wrap-around padding
 EVERY_BATCH = 20  # the first batches of a pass are written one by one: early crashes lose nothing
 PART_INTERVAL_S = 1.0
+# Other probes that follow every pass, iterable datasets included (the content probe): objects with
+# started(iterator, loader), yielded(iterator, batch) and ended(iterator, complete) and a ``probe`` name.
+LISTENERS: list[Any] = []
+
+
+def loader_key(loader: DataLoader) -> tuple[str, list]:
+    """(key, site) of a loader: keyed by where it was built, so a loader re-created every epoch is one."""
+    site = loader.__dict__.get("_ddpdoctor_site") or []
+    return (f"{site[0]['file']}:{site[0]['line']}" if site else "loader"), site
+
+
+def _notify(rec: Recorder, method: str, *args: Any) -> None:
+    for listener in LISTENERS:
+        with rec.guard(listener.probe, f"DataLoader {method}"):
+            getattr(listener, method)(*args)
 
 
 class _Pass:
@@ -100,10 +117,10 @@ class _Pass:
                 self.opaque = True
             else:
                 flat = _to_base_indices(self.dataset, flat)
-                self.order.update(array("q", flat).tobytes())
+                self.order.update(flat.astype("<i8").tobytes())
                 if len(self.head) < self.keep:
-                    self.head.extend(flat[: self.keep - len(self.head)])
-                self.tail.extend(flat)
+                    self.head.extend(flat[: self.keep - len(self.head)].tolist())
+                self.tail.extend(flat[-self.keep:].tolist())
             self.rec.emit(LoaderPass(
                 loader=self.key, number=self.number, part=self.part, final=final, complete=complete,
                 num_batches=self.num_yielded, num_samples=None if flat is None else len(flat),
@@ -117,16 +134,23 @@ class _Pass:
             self.last_write = time.monotonic()
 
 
-def _flatten(batches: list[Any]) -> Optional[list[int]]:
-    flat: list[int] = []
+def _flatten(batches: list[Any]) -> Optional[np.ndarray]:
+    """The draws as one int64 array, or None when the sampler yields anything but integer positions
+    (keys, tuples, floats): such a pass is opaque."""
+    if not batches:
+        return np.empty(0, dtype=np.int64)
+    arrays = []
     for batch in batches:
-        if isinstance(batch, int):
-            flat.append(batch)
-        elif isinstance(batch, (list, tuple)) and all(isinstance(i, int) for i in batch):
-            flat.extend(batch)
-        else:
+        if isinstance(batch, bool) or not isinstance(batch, (int, list, tuple, np.integer, np.ndarray)):
             return None
-    return flat
+        try:
+            array_ = np.asarray(batch)
+        except (TypeError, ValueError):  # ragged or odd nested keys
+            return None
+        if array_.ndim > 1 or array_.dtype.kind not in "iu":
+            return None
+        arrays.append(array_.reshape(-1).astype(np.int64, copy=False))
+    return np.concatenate(arrays)
 
 
 def _base_dataset(dataset: Any) -> Any:
@@ -135,13 +159,25 @@ def _base_dataset(dataset: Any) -> Any:
     return dataset
 
 
-def _to_base_indices(dataset: Any, indices: list[int]) -> list[int]:
+def _to_base_indices(dataset: Any, indices: np.ndarray) -> np.ndarray:
     """Positions in a (nested) Subset mapped to the underlying dataset, so hand-made shards compare."""
     while isinstance(dataset, Subset):
-        mapping = dataset.indices
-        indices = [int(mapping[i]) for i in indices]
+        indices = _subset_positions(dataset)[indices]
         dataset = dataset.dataset
     return indices
+
+
+_SUBSET_POSITIONS: "weakref.WeakKeyDictionary[Subset, tuple[int, np.ndarray]]" = weakref.WeakKeyDictionary()
+
+
+def _subset_positions(subset: Subset) -> np.ndarray:
+    """A Subset's indices as an array, converted once per Subset (they can hold millions). Kept
+    here, not on the Subset, so nothing extra is pickled to the loader's workers."""
+    cached = _SUBSET_POSITIONS.get(subset)
+    if cached is None or cached[0] != id(subset.indices) or len(cached[1]) != len(subset.indices):
+        cached = (id(subset.indices), np.asarray(subset.indices, dtype=np.int64).reshape(-1))
+        _SUBSET_POSITIONS[subset] = cached
+    return cached[1]
 
 
 def _domain_digest(loader: DataLoader) -> Optional[str]:
@@ -151,8 +187,8 @@ def _domain_digest(loader: DataLoader) -> Optional[str]:
         return None
     cached = loader.__dict__.get("_ddpdoctor_domain")
     if cached is None:
-        positions = _to_base_indices(loader.dataset, list(range(len(loader.dataset))))
-        cached = hashlib.blake2b(array("q", positions).tobytes(), digest_size=8).hexdigest()
+        positions = _to_base_indices(loader.dataset, np.arange(len(loader.dataset), dtype=np.int64))
+        cached = hashlib.blake2b(positions.astype("<i8").tobytes(), digest_size=8).hexdigest()
         loader.__dict__["_ddpdoctor_domain"] = cached
     return cached
 
@@ -212,6 +248,7 @@ def install(rec: Recorder) -> Callable[[], None]:
             original(self, loader, *args, **kwargs)
             with rec.guard(PROBE, "DataLoader iterator"):
                 start_pass(self, loader)
+            _notify(rec, "started", self, loader)
 
         return __init__
 
@@ -222,9 +259,11 @@ def install(rec: Recorder) -> Callable[[], None]:
             previous = self.__dict__.get("_ddpdoctor_pass")
             if previous is not None:  # persistent workers: the same iterator starts a new pass
                 previous.finish(complete=False)
+            _notify(rec, "ended", self, False)
             original(self, loader, first_iter)
             with rec.guard(PROBE, "DataLoader iterator"):
                 start_pass(self, loader)
+            _notify(rec, "started", self, loader)
 
         return _reset
 
@@ -248,10 +287,12 @@ def install(rec: Recorder) -> Callable[[], None]:
                     if fed_training(current):
                         training_passes[current.key] = training_passes.get(current.key, 0) + 1
                     current.finish(complete=True)
+                _notify(rec, "ended", self, True)
                 raise
             current = self.__dict__.get("_ddpdoctor_pass")
             if current is not None and current.open:
                 current.yielded()
+            _notify(rec, "yielded", self, batch)
             rec.progress += 1
             return batch
 

@@ -73,6 +73,8 @@ class DDPState:
 
 
 STATES: list[DDPState] = []
+# Called with (ddp module, its DDPState) when a DDP module is wrapped (the content probe hooks its forward).
+ATTACH_LISTENERS: list[Callable[[DistributedDataParallel, DDPState], None]] = []
 PARAM_NAMES: dict[int, str] = {}  # id(parameter) -> name inside its DDP module
 PARAM_DDP: dict[int, int] = {}  # id(parameter) -> index of its DDP module
 
@@ -141,6 +143,8 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
                                            fp=fingerprint(state.buffers)))
 
     ddp.register_forward_pre_hook(on_ddp_forward)
+    for listener in ATTACH_LISTENERS:
+        listener(ddp, state)
     ddp.module.register_forward_pre_hook(on_inner_forward)
     rec.emit(DDPWrap(
         ddp=state.index, params=state.names, shapes=[list(p.shape) for _, p in named], buffers=state.buffer_names,

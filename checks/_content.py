@@ -1,0 +1,190 @@
+"""Findings from sample fingerprints (ContentPass evidence), for sampler-disjoint and set-epoch.
+
+The statistics are in ddpdoctor/analysis/content.py; this module turns them into findings: which
+pass overlapped, where the data came from, and the fix for the pattern recognised.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from ddpdoctor.analysis import content
+from ddpdoctor.analysis.api import Finding, Location
+from ddpdoctor.analysis.content import Overlap, Stream
+from ddpdoctor.analysis.evidence import Evidence
+
+SAMPLER_ID = "sampler-disjoint"
+SET_EPOCH_ID = "set-epoch"
+
+_FIX_ITERABLE = ("Shard the stream by rank and by worker: in `__iter__`, keep every (world_size * num_workers)-th "
+                 "sample starting at rank * num_workers + worker_id (rank from dist.get_rank(), worker from "
+                 "torch.utils.data.get_worker_info()), or use your streaming library's split by node and by worker.")
+_FIX_ORDER = ("Build the dataset in the same order on every rank: sort the file list (`sorted(glob(...))`, "
+              "`sorted(os.listdir(...))`) or shuffle it with a fixed seed (`random.Random(SEED).shuffle(files)`), "
+              "and let DistributedSampler do the per-epoch shuffling.")
+_FIX_FORWARD = ("Give each rank its own part of the data: a DataLoader with `DistributedSampler(dataset)`, or "
+                "batches drawn per rank (a generator seeded with seed + rank, or index ranges split by rank).")
+
+
+def _purpose(events: list, ddp_job: bool) -> str:
+    """As sampler-disjoint judges index passes: "training", "local" (fed only a model not trained
+    through DDP) or "evaluation"."""
+    if any(e.ddp_forwards > 0 for e in events):
+        return "training"
+    if any(e.steps > 0 for e in events):
+        return "local" if ddp_job else "training"
+    return "evaluation"
+
+
+def _indexed(evidence: Evidence, key: str, number: int) -> bool:
+    """The index probe saw this pass's sample positions (a map-style dataset with an integer sampler)."""
+    passes = evidence.facts.loader_passes.get((key, number), {})
+    return any(e.indices is not None for e in passes.values())
+
+
+def _comparable(streams: dict[int, Stream]) -> dict[int, Stream]:
+    return {r: s for r, s in streams.items() if s.event.num_rows > 0}
+
+
+def _forward_confirms(evidence: Evidence, key: str, number: int) -> Optional[bool]:
+    """Whether the DDP forwards the pass fed overlap too (None: no forward fed by it on two ranks).
+    A script may read the whole stream on every rank and then keep its own slice of each batch."""
+    label = content.feed_label(key, number)
+    windows = [_comparable(v) for (source, _, feeds, _), v in evidence.facts.content_streams.items()
+               if source == "forward" and feeds == label]
+    judged = [content.overlap(w) for w in windows if len(w) >= 2]
+    judged = [o for o in judged if o.judged]
+    if not judged:
+        return None
+    return any(o.significant for o in judged)
+
+
+def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap, *, indexed: bool,
+                    confirmed: Optional[bool], world_size: int) -> Finding:
+    event = content.first(streams)
+    source = f"the training DataLoader over {event.dataset_type}"
+    if event.iterable:
+        fix = _FIX_ITERABLE
+        why = ("an IterableDataset has no sampler: every rank reads what its __iter__ yields"
+               + (f"; with num_workers={event.num_workers} sharding by worker alone is not enough, each rank's "
+                  "workers read the same shards" if event.num_workers > 1 else ""))
+    elif indexed:
+        fix, why = _FIX_ORDER, ("the sampler indices are disjoint, so the ranks hold the dataset in different orders "
+                                "(a file list shuffled without a fixed seed, or listed in directory order)")
+    else:
+        fix, why = _FIX_FORWARD, "the sampler's draws are not sample positions, so only the content shows it"
+    pct = f"{100 * result.fraction:.0f}%"
+    return Finding(
+        check=SAMPLER_ID, severity="error", ranks=result.ranks, location=Location.from_site(event.site),
+        message=(f"{pct} of the samples each rank trained on in pass {number} of {source} were also fed to "
+                 f"another rank (chance would give {100 * result.expected:.1f}%): {why}"),
+        fix=fix,
+        evidence={"basis": "content", "source": "loader", "loader": key, "pass": number, "epoch": event.epoch,
+                  "dataset_type": event.dataset_type, "iterable": event.iterable, "num_workers": event.num_workers,
+                  "forward_overlap": confirmed, "world_size": world_size, **result.as_evidence()})
+
+
+def _eval_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap) -> Optional[Finding]:
+    """An evaluation pass without indices: every rank evaluated everything (info), or padding
+    duplicates at the tail that summed metrics count twice (warning)."""
+    event = content.first(streams)
+    location = Location.from_site(event.site)
+    base = {"basis": "content", "source": "loader", "loader": key, "pass": number, "dataset_type": event.dataset_type,
+            **result.as_evidence()}
+    if result.judged and min(result.per_rank.values()) >= 0.9:
+        return Finding(check=SAMPLER_ID, severity="info", ranks=result.ranks, location=location, evidence=base,
+                       message=(f"every rank fed the same samples through the evaluation DataLoader over "
+                                f"{event.dataset_type} (pass {number}): the evaluation is repeated on each rank "
+                                "rather than sharded"),
+                       fix="Shard evaluation by rank and all_reduce the metric sums, or evaluate on rank 0 only.")
+    if content.looks_like_padding(streams, result):
+        return Finding(check=SAMPLER_ID, severity="warning", ranks=result.ranks, location=location, evidence=base,
+                       message=(f"{result.num_shared} samples of the evaluation DataLoader over {event.dataset_type} "
+                                f"were fed on two ranks at the end of pass {number} (padding duplicates): metrics "
+                                "summed across ranks count them twice"),
+                       fix=("Do not pad the evaluation shards: let the last rank(s) have fewer samples and sum the "
+                            "counts with all_reduce."))
+    return None
+
+
+def _forward_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap,
+                     world_size: int) -> Finding:
+    return Finding(
+        check=SAMPLER_ID, severity="error", ranks=result.ranks, location=None,
+        message=(f"{100 * result.fraction:.0f}% of the samples each rank fed to DDP ({key}, forward input, window "
+                 f"{number}) were also fed to another rank (chance would give {100 * result.expected:.1f}%): the "
+                 "ranks train on the same batches"),
+        fix=_FIX_FORWARD,
+        evidence={"basis": "content", "source": "forward", "loader": None, "module": key, "window": number,
+                  "forwards_per_rank": {str(r): s.event.num_batches for r, s in sorted(streams.items())},
+                  "world_size": world_size, **result.as_evidence()})
+
+
+def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
+    """sampler-disjoint findings from content (one per loader or DDP module: its first affected
+    pass, with the count), and the number of passes compared."""
+    ddp_job = bool(evidence.facts.ddp_wraps)
+    first: dict[tuple, Finding] = {}
+    affected: Counter = Counter()
+    num_compared = 0
+    for (source, key, feeds, number), streams in sorted(evidence.facts.content_streams.items(),
+                                                         key=lambda kv: (kv[0][3], str(kv[0]))):
+        streams = _comparable(streams)
+        if len(streams) < 2 or (source == "forward" and feeds is not None):
+            continue  # windows a loader fed only confirm that loader's overlap
+        result = content.overlap(streams)
+        num_compared += result.judged
+        finding = None
+        if source == "forward":
+            if result.significant:
+                finding = _forward_finding(key, number, streams, result, evidence.world_size)
+        else:
+            purpose = _purpose([s.event for s in streams.values()], ddp_job)
+            indexed = _indexed(evidence, key, number)
+            if purpose == "training" and result.significant and not content.looks_like_padding(streams, result):
+                confirmed = _forward_confirms(evidence, key, number)
+                if confirmed is not False:
+                    finding = _loader_finding(key, number, streams, result, indexed=indexed, confirmed=confirmed,
+                                              world_size=evidence.world_size)
+            elif purpose == "evaluation" and not indexed and result.shared:
+                finding = _eval_finding(key, number, streams, result)
+        if finding is not None:
+            slot = (source, key, finding.severity)
+            affected[slot] += 1
+            first.setdefault(slot, finding)
+    for slot, finding in first.items():
+        finding.evidence["num_passes_affected"] = affected[slot]
+    return list(first.values()), num_compared
+
+
+def repeated_order_findings(evidence: Evidence) -> list[Finding]:
+    """set-epoch from content: an IterableDataset's training passes that repeat the previous pass's
+    samples in the same order (the stream is never reshuffled between epochs)."""
+    ddp_job = bool(evidence.facts.ddp_wraps)
+    per_loader: dict[str, dict[int, list[Stream]]] = {}
+    for (source, key, _, _), streams in evidence.facts.content_streams.items():
+        if source != "loader":
+            continue
+        for rank, stream in streams.items():
+            if stream.event.iterable and _purpose([stream.event], ddp_job) == "training":
+                per_loader.setdefault(key, {}).setdefault(rank, []).append(stream)
+    findings = []
+    for key, ranks in sorted(per_loader.items()):
+        repeats = {r: content.repeated_orders(passes) for r, passes in ranks.items()}
+        stale = sorted(r for r, found in repeats.items() if found)
+        if not stale:
+            continue
+        event = ranks[stale[0]][0].event
+        pairs = repeats[stale[0]]
+        findings.append(Finding(
+            check=SET_EPOCH_ID, severity="warning", ranks=tuple(stale), location=Location.from_site(event.site),
+            message=(f"the training DataLoader over {event.dataset_type} (an IterableDataset) fed the same samples in "
+                     f"the same order in pass {pairs[0][0]} as in pass {pairs[0][1]}: the stream is not reshuffled "
+                     "between epochs"),
+            fix=("Reshuffle the stream every epoch with a seed that is the same on every rank and changes with the "
+                 "epoch: give the dataset a `set_epoch(epoch)` method (as DistributedSampler has) and shuffle its "
+                 "shard list or shuffle buffer with `random.Random(seed + epoch)`; call it before each epoch."),
+            evidence={"basis": "content", "loader": key, "dataset_type": event.dataset_type,
+                      "repeated_passes": {str(r): [list(p) for p in repeats[r]] for r in stale}}))
+    return findings

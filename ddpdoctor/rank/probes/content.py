@@ -1,0 +1,231 @@
+"""Probe on sample content: row fingerprints of every DataLoader batch and of every DDP training
+forward's input, so overlap between ranks shows where sampler indices cannot (iterable datasets,
+per-rank file orders, hand-written batching). The fingerprint is in ddpdoctor/rank/row_hashes.py.
+
+Two sources, written as ContentPass events in parts (first batch, then about once a second, and at
+the end), so a crash loses little:
+- "loader": a DataLoader's collated output (first tensor in it), one stream per pass;
+- "forward": the first tensor argument of a DDP module's forward with grad enabled in train mode,
+  in windows of ``FORWARD_WINDOW`` forwards, tagged with the loader pass that fed them, if any.
+A batch that goes straight from the loader into the model is fingerprinted once.
+
+Memory per rank and pass: at most ``MAX_KEPT_ROWS`` hashes (8 bytes each); beyond that the
+sampling level rises and only rows whose hash has that many leading zero bits are kept, the same
+rows on every rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+import weakref
+from array import array
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+import torch
+
+from ddpdoctor.rank import row_hashes as fingerprints
+from ddpdoctor.rank.probes import data as data_probe
+from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import ContentPass
+from ddpdoctor.schema.indices import encode_indices
+
+PROBE = "content"
+MAX_KEPT_ROWS = 8192  # per pass (or window) and rank
+FORWARD_WINDOW = 64  # DDP training forwards per window of the forward-input stream
+PART_INTERVAL_S = 1.0
+
+
+class _Stream:
+    """One pass of one loader, or one window of one DDP module's inputs, on this rank."""
+
+    def __init__(self, rec: Recorder, registry: list, *, source: str, key: str, number: int, site: list,
+                 feeds: Optional[str] = None, dataset_type: str = "", iterable: bool = False,
+                 num_workers: int = 0) -> None:
+        self.rec, self.registry = rec, registry
+        registry.append(self)
+        self.fields = dict(source=source, key=key, number=number, site=site, feeds=feeds, dataset_type=dataset_type,
+                           iterable=iterable, num_workers=num_workers, epoch=rec.epoch)
+        self.key, self.feeds = key, feeds
+        self.start_steps = rec.num_steps
+        self.start_forwards = ddp_probe.total_synced_forwards()
+        self.order = hashlib.blake2b(digest_size=8)
+        self.level = 0
+        self.kept: list[int] = []  # every kept hash at the current level, to know when to raise it
+        self.fresh: list[int] = []  # kept hashes not yet written
+        self.head: list[int] = []
+        self.tail: collections.deque = collections.deque(maxlen=64)
+        self.num_batches = self.num_rows = self.batch_rows = self.part = 0
+        self.last_write = time.monotonic()
+        self.open = True
+
+    def add(self, hashes: list[int]) -> None:
+        self.num_batches += 1
+        self.num_rows += len(hashes)
+        if not self.batch_rows:
+            self.batch_rows = len(hashes)
+            self.tail = collections.deque(maxlen=min(1024, max(64, 2 * len(hashes))))
+        self.order.update(array("q", hashes).tobytes())
+        if len(self.head) < self.tail.maxlen:
+            self.head.extend(hashes[: self.tail.maxlen - len(self.head)])
+        self.tail.extend(hashes)
+        shift = 63 - self.level
+        kept = [h for h in hashes if h >> shift == 0]
+        self.kept.extend(kept)
+        self.fresh.extend(kept)
+        while len(self.kept) > MAX_KEPT_ROWS:
+            self.level += 1
+            shift = 63 - self.level
+            self.kept = [h for h in self.kept if h >> shift == 0]
+            self.fresh = [h for h in self.fresh if h >> shift == 0]
+        if self.num_batches == 1 or time.monotonic() - self.last_write >= PART_INTERVAL_S:
+            self.write()
+
+    def write(self, *, final: bool = False, complete: bool = False) -> None:
+        with self.rec.guard(PROBE, "content pass"):
+            if not self.fresh and not final and self.part:
+                return
+            self.rec.emit(ContentPass(
+                **self.fields, part=self.part, final=final, complete=complete, num_batches=self.num_batches,
+                num_rows=self.num_rows, batch_rows=self.batch_rows, level=self.level,
+                hashes=encode_indices(self.fresh), order=self.order.hexdigest(), head=list(self.head),
+                tail=list(self.tail), steps=self.rec.num_steps - self.start_steps,
+                ddp_forwards=ddp_probe.total_synced_forwards() - self.start_forwards))
+            self.fresh = []
+            self.part += 1
+            self.last_write = time.monotonic()
+
+    def finish(self, *, complete: bool) -> None:
+        if not self.open:
+            return
+        self.open = False
+        if self in self.registry:
+            self.registry.remove(self)
+        if self.num_batches:
+            self.write(final=True, complete=complete)
+        self.kept = self.fresh = []
+
+
+def first_tensor(batch: Any, depth: int = 0) -> Optional[torch.Tensor]:
+    """The first tensor in a batch: the batch itself, or the first found in a tuple, list or dict."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if depth >= 3:
+        return None
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for item in items:
+        found = first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+class _ContentProbe:
+    """Listens to the data probe's loader passes and to DDP modules' forwards."""
+
+    probe = PROBE
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.streams: list[_Stream] = []
+        self.pass_counts: dict[str, int] = {}
+        self.window_counts: dict[tuple[int, Optional[str]], int] = {}
+        self.windows: dict[int, _Stream] = {}  # DDP module index -> its open window
+        self.feeding: Optional[_Stream] = None  # the loader pass that yielded last, while open
+        self.last: tuple[Any, int, list[int]] = (None, -1, [])  # (weakref to tensor, its version, hashes)
+
+    def hashes(self, tensor: Any) -> Optional[list[int]]:
+        """Row hashes of ``tensor``, reused when the same unmodified tensor was just fingerprinted."""
+        if not fingerprints.fingerprintable(tensor):
+            return None
+        ref, version, cached = self.last
+        if ref is not None and ref() is tensor and tensor._version == version:
+            return cached
+        found = fingerprints.row_hashes(tensor)
+        self.last = (weakref.ref(tensor), tensor._version, found)
+        return found
+
+    # -- DataLoader passes (called by the data probe) -------------------------------------------
+    def started(self, iterator: Any, loader: Any) -> None:
+        key, site = data_probe.loader_key(loader)
+        for other in [s for s in self.streams if s.fields["source"] == "loader" and s.key == key]:
+            other.finish(complete=False)
+        number = self.pass_counts.get(key, 0)
+        self.pass_counts[key] = number + 1
+        iterator.__dict__["_ddpdoctor_content"] = _Stream(
+            self.rec, self.streams, source="loader", key=key, number=number, site=site,
+            dataset_type=type(data_probe._base_dataset(loader.dataset)).__name__,
+            iterable=getattr(loader, "_dataset_kind", 0) != 0, num_workers=loader.num_workers)
+
+    def yielded(self, iterator: Any, batch: Any) -> None:
+        stream = iterator.__dict__.get("_ddpdoctor_content")
+        if stream is None or not stream.open:
+            return
+        self.feeding = stream
+        hashes = self.hashes(first_tensor(batch))
+        if hashes:
+            stream.add(hashes)
+
+    def ended(self, iterator: Any, complete: bool) -> None:
+        stream = iterator.__dict__.get("_ddpdoctor_content")
+        if stream is not None:
+            stream.finish(complete=complete)
+
+    # -- DDP forwards ---------------------------------------------------------------------------
+    def attach(self, ddp: torch.nn.Module, state: Any) -> None:
+        def on_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            if not (torch.is_grad_enabled() and module.training):
+                return
+            with self.rec.guard(PROBE, "forward input"):
+                tensor = first_tensor(list(args) + list(kwargs.values()))
+                hashes = self.hashes(tensor)
+                if hashes:
+                    self.window(state.index).add(hashes)
+
+        with self.rec.guard(PROBE, "DistributedDataParallel"):
+            ddp.register_forward_pre_hook(on_forward, with_kwargs=True)
+
+    def window(self, index: int) -> _Stream:
+        """The open window of DDP module ``index``; a new one after FORWARD_WINDOW forwards or when
+        another loader pass (or none) feeds the model."""
+        feeding = self.feeding if self.feeding is not None and self.feeding.open else None
+        feeds = f"{feeding.key}#{feeding.fields['number']}" if feeding is not None else None
+        current = self.windows.get(index)
+        if current is not None and current.open and current.feeds == feeds and current.num_batches < FORWARD_WINDOW:
+            return current
+        if current is not None:
+            current.finish(complete=True)
+        number = self.window_counts.get((index, feeds), 0)
+        self.window_counts[(index, feeds)] = number + 1
+        self.windows[index] = _Stream(self.rec, self.streams, source="forward", key=f"ddp{index}", number=number,
+                                      site=[], feeds=feeds, dataset_type=feeding.fields["dataset_type"] if feeding
+                                      else "", iterable=bool(feeding and feeding.fields["iterable"]))
+        return self.windows[index]
+
+    def finish_all(self) -> None:
+        for stream in list(self.streams):
+            stream.finish(complete=False)
+
+    def write_all(self) -> None:
+        for stream in list(self.streams):
+            stream.write()
+
+
+def install(rec: Recorder) -> Callable[[], None]:
+    """Listen to the data probe's passes and to every DDP module wrapped from now on."""
+    probe = _ContentProbe(rec)
+    data_probe.LISTENERS.append(probe)
+    ddp_probe.ATTACH_LISTENERS.append(probe.attach)
+    rec.on_dump.append(probe.write_all)
+
+    def finish() -> None:
+        probe.finish_all()
+        if probe in data_probe.LISTENERS:
+            data_probe.LISTENERS.remove(probe)
+        if probe.attach in ddp_probe.ATTACH_LISTENERS:
+            ddp_probe.ATTACH_LISTENERS.remove(probe.attach)
+
+    return finish

@@ -1,0 +1,188 @@
+"""Content audit: overlap statistics on synthetic fingerprints, and the findings built from them."""
+
+from __future__ import annotations
+
+import random
+
+from builders import SCRIPT, content_pass, ddp_wrap, make_evidence
+
+from ddpdoctor.analysis import content
+from ddpdoctor.analysis.causality import link
+from ddpdoctor.checks.sampler_disjoint import analyze as sampler_disjoint
+from ddpdoctor.checks.set_epoch import analyze as set_epoch
+
+
+
+def corpus(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.getrandbits(63) for _ in range(n)]
+
+
+def streams(per_rank: dict[int, list[int]], **fields) -> dict[int, content.Stream]:
+    return {r: content.Stream(content_pass(h, **fields), tuple(h)) for r, h in per_rank.items()}
+
+
+def test_every_rank_reading_everything_is_significant():
+    data = corpus(512)
+    result = content.overlap(streams({0: data, 1: data}))
+    assert result.fraction == 1.0 and result.num_shared == 512
+    assert result.expected < 0.01
+    assert result.significant and result.ranks == (0, 1)
+
+
+def test_disjoint_shards_are_clean():
+    data = corpus(512)
+    result = content.overlap(streams({0: data[::2], 1: data[1::2]}))
+    assert result.fraction == 0.0 and not result.significant
+
+
+def test_random_draws_with_replacement_from_a_corpus_stay_clean():
+    """Per-rank random windows of a small corpus: collisions across ranks are as frequent as
+    within a rank, so chance explains them."""
+    data = corpus(2000)
+    for seed in range(20):
+        rng = random.Random(seed)
+        draws = {r: [rng.choice(data) for _ in range(640)] for r in range(2)}
+        result = content.overlap(streams(draws))
+        assert result.num_shared > 0  # 640 draws from 2000: the ranks do meet by chance
+        assert not result.significant, (seed, result.fraction, result.expected)
+
+
+def test_genuine_duplicates_under_a_correct_sampler_stay_clean():
+    unique = corpus(512)
+    data = unique + unique[::4]  # a quarter of the samples twice
+    for seed in range(20):
+        order = list(range(len(data)))
+        random.Random(seed).shuffle(order)
+        shards = {r: [data[i] for i in order[r::2]] for r in range(2)}
+        result = content.overlap(streams(shards))
+        assert result.num_shared > 0
+        assert not result.significant, (seed, result.fraction, result.expected)
+
+
+def test_ranks_with_their_own_file_order_overlap_by_half():
+    data = corpus(512)
+    orders = {r: random.Random(r).sample(data, len(data)) for r in range(2)}
+    result = content.overlap(streams({r: o[r::2] for r, o in orders.items()}))
+    assert 0.35 < result.fraction < 0.65
+    assert result.significant
+
+
+def test_too_few_rows_are_not_judged():
+    data = corpus(16)
+    result = content.overlap(streams({0: data, 1: data}))
+    assert not result.judged and not result.significant
+
+
+def test_ranks_are_compared_at_the_coarsest_sampling_level():
+    data = corpus(4000)
+    kept_at_1 = [h for h in data if h >> 62 == 0]
+    per_rank = {0: content.Stream(content_pass(data), tuple(data)),
+                1: content.Stream(content_pass(kept_at_1, level=1), tuple(kept_at_1))}
+    result = content.overlap(per_rank)
+    assert result.level == 1
+    assert result.fraction == 1.0 and result.rows[0] == len(kept_at_1)
+
+
+def test_wrap_around_padding_is_recognised():
+    data = corpus(100)
+    rank0 = data[0:16] + data[32:48] + data[64:80] + data[96:100] + data[0:12]
+    rank1 = data[16:32] + data[48:64] + data[80:96] + data[0:16]
+    per_rank = streams({0: rank0, 1: rank1}, batch_rows=16)
+    result = content.overlap(per_rank)
+    assert result.num_shared == 16
+    assert content.looks_like_padding(per_rank, result)
+
+
+def test_repeated_orders_need_identical_complete_passes():
+    data = corpus(64)
+    same = [content.Stream(content_pass(data, number=n), tuple(data)) for n in range(3)]
+    assert content.repeated_orders(same) == [(1, 0), (2, 1)]
+    shuffled = [content.Stream(content_pass(random.Random(n).sample(data, 64), number=n), ()) for n in range(3)]
+    assert content.repeated_orders(shuffled) == []
+
+
+# -- findings -------------------------------------------------------------------------------------
+
+def test_iterable_read_whole_is_one_error_with_source_and_fix():
+    data = corpus(256)
+    evidence = make_evidence(2, [ddp_wrap(), content_pass(data, dataset_type="DigitStream", num_workers=2)])
+    result = sampler_disjoint(evidence)
+    (finding,) = result.findings
+    assert finding.severity == "error" and finding.ranks == (0, 1)
+    assert finding.evidence["basis"] == "content" and finding.evidence["source"] == "loader"
+    assert finding.evidence["dataset_type"] == "DigitStream" and finding.evidence["overlap_fraction"] == 1.0
+    assert "by rank and by worker" in finding.fix
+    assert "sharding by worker alone is not enough" in finding.message
+    assert finding.location.file == SCRIPT and finding.location.line == 12
+
+
+def test_forward_input_without_a_loader_is_reported_as_forward_input():
+    data = corpus(256)
+    evidence = make_evidence(2, [ddp_wrap(), content_pass(data, source="forward", key="ddp0")])
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.evidence["source"] == "forward" and finding.evidence["module"] == "ddp0"
+    assert "DistributedSampler" in finding.fix
+
+
+def test_loader_overlap_that_the_forward_inputs_do_not_share_is_clean():
+    """Every rank reads the whole stream and keeps its own slice of each batch."""
+    data = corpus(512)
+    label = content.feed_label(f"{SCRIPT}:12", 0)
+    evidence = make_evidence(2, {r: [ddp_wrap(), content_pass(data),
+                                     content_pass(data[r::2], source="forward", key="ddp0", feeds=label)]
+                                 for r in range(2)})
+    result = sampler_disjoint(evidence)
+    assert result.findings == []
+    assert result.applicable
+
+
+def test_evaluation_passes_do_not_raise_errors():
+    data = corpus(256)
+    evidence = make_evidence(2, [ddp_wrap(), content_pass(data, steps=0)])
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "info" and "evaluation is repeated" in finding.message
+
+
+def test_evaluation_padding_at_the_tail_is_a_warning():
+    data = corpus(100)
+    rank0 = data[0:16] + data[32:48] + data[64:80] + data[96:100] + data[0:12]
+    rank1 = data[16:32] + data[48:64] + data[80:96] + data[0:16]
+    evidence = make_evidence(2, {0: [ddp_wrap(), content_pass(rank0, steps=0, batch_rows=16)],
+                                 1: [ddp_wrap(), content_pass(rank1, steps=0, batch_rows=16)]})
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "warning" and "padding duplicates" in finding.message
+
+
+def test_training_padding_is_not_overlap():
+    data = corpus(100)
+    rank0 = data[0:16] + data[32:48] + data[64:80] + data[96:100] + data[0:12]
+    rank1 = data[16:32] + data[48:64] + data[80:96] + data[0:16]
+    evidence = make_evidence(2, {0: [ddp_wrap(), content_pass(rank0, batch_rows=16, iterable=False)],
+                                 1: [ddp_wrap(), content_pass(rank1, batch_rows=16, iterable=False)]})
+    assert sampler_disjoint(evidence).findings == []
+
+
+def test_content_overlap_under_an_index_overlap_is_its_consequence():
+    from builders import loader_pass
+
+    data = corpus(128)
+    evidence = make_evidence(2, [ddp_wrap(), loader_pass(list(range(128)), dataset_len=128),
+                                 content_pass(data, iterable=False)])
+    findings = sampler_disjoint(evidence).findings
+    assert [f.evidence.get("basis", "indices") for f in findings] == ["indices", "content"]
+    (root,) = link(findings)
+    assert root.evidence.get("basis", "indices") == "indices"
+    assert [c.evidence.get("basis") for c in root.consequences] == ["content"]
+
+
+def test_iterable_stream_in_the_same_order_every_epoch_is_a_set_epoch_warning():
+    data = corpus(64)
+    evidence = make_evidence(2, {r: [ddp_wrap()] + [content_pass(data[r::2] * 2, number=n, dataset_type="Shards")
+                                                    for n in range(3)] for r in range(2)})
+    (finding,) = set_epoch(evidence).findings
+    assert finding.severity == "warning" and finding.ranks == (0, 1)
+    assert finding.evidence["repeated_passes"]["0"] == [[1, 0], [2, 1]]
+    reshuffled = make_evidence(2, {r: [ddp_wrap()] + [content_pass(random.Random(n).sample(data, 64), number=n)
+                                                      for n in range(3)] for r in range(2)})
+    assert set_epoch(reshuffled).findings == []
