@@ -42,6 +42,12 @@ _ONE_PROCESS_PER_GPU = ("Run one process per GPU: `--nproc-per-node` equal to th
 
 # Most specific first: the first pattern that matches the message or an output line wins.
 _PATTERNS = (
+    _p("not-simulated", r"(\S+) cannot be simulated on CPU",
+       "the script called a CUDA-only API that ddpdoctor's device simulation (GPU script on a CPU-only machine) "
+       "has no CPU stand-in for",
+       "Run the check on a machine with GPUs (the simulation is off there), or skip this call when "
+       "`not torch.cuda.is_available()` or under ddpdoctor (DDPDOCTOR_ACTIVE is set); --device native turns "
+       "the simulation off."),
     _p("duplicate-gpu", r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)",
        "two ranks use the same GPU (NCCL: \"Duplicate GPU detected\"): NCCL needs one process per GPU",
        _ONE_PROCESS_PER_GPU),

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
+from ddpdoctor.analysis.bandwidth import collective_benchmark
+from ddpdoctor.analysis.environment import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.runner import Analysis
-from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
@@ -71,6 +73,9 @@ class Report:
     unused_suppressions: list[dict] = field(default_factory=list)  # [{"file", "line", "checks", "reason"}]
     role: str = "report"  # "peer": a non-zero rank of an existing launch; rank 0 holds the report
     peer_exit_code: int = 0
+    environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/environment.py)
+    collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
+    device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -124,6 +129,9 @@ class Report:
             "cut": self.cut,
             "suppressed": self.suppressed,
             "unused_suppressions": self.unused_suppressions,
+            "environment": self.environment,
+            "collective_benchmark": self.collective_benchmark,
+            "device_simulation": self.device_simulation,
         }
 
     @classmethod
@@ -143,6 +151,9 @@ class Report:
             torch_version=data.get("torch_version", ""), python_version=data.get("python_version", ""),
             cut=data.get("cut"), suppressed=list(data.get("suppressed", [])),
             unused_suppressions=list(data.get("unused_suppressions", [])),
+            environment=list(data.get("environment") or []),
+            collective_benchmark=data.get("collective_benchmark"),
+            device_simulation=data.get("device_simulation"),
         )
 
 
@@ -150,6 +161,47 @@ def _backend_and_device(evidence: Evidence) -> tuple[str, str]:
     backends = sorted({e.backend for _, e in evidence.events(InitProcessGroup) if e.backend})
     devices = sorted({e.device.split(":")[0] for _, e in evidence.events(DDPWrap) if e.device})
     return ",".join(backends) or "none", ",".join(devices) or "cpu"
+
+
+def device_simulation(evidence: Evidence) -> Optional[dict]:
+    """What the ranks' device simulation stood in for (the last, cumulative event of each process),
+    None for evidence without any (written before simulation existed)."""
+    last: dict[int, DeviceSimulation] = {}
+    for rank, event in evidence.events(DeviceSimulation):
+        last[rank] = event
+    unranked = [e for e in evidence.unranked if isinstance(e, DeviceSimulation)]
+    for event in unranked:  # an mp.spawn launcher (its device_count() started the workers), a worker that died early
+        last[-1 - unranked.index(event)] = event
+    if not last:
+        return None
+    calls: dict[str, int] = {}
+    unsupported: list[str] = []
+    ignored: list[str] = []
+    for event in last.values():
+        for name, n in event.calls.items():
+            calls[name] = calls.get(name, 0) + int(n)
+        unsupported += [u for u in event.unsupported if u not in unsupported]
+        ignored += [u for u in event.ignored if u not in ignored]
+    events = list(last.values())
+    return {"mode": events[0].mode, "active": any(e.active for e in events),
+            "ranks": sorted(r for r, e in last.items() if e.active and r >= 0),
+            "simulated": sorted(calls), "calls": dict(sorted(calls.items())), "unsupported": unsupported,
+            "ignored": ignored}
+
+
+def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
+    """The report header's line on device simulation, None when nothing was simulated."""
+    if not simulation or not simulation.get("active"):
+        return None
+    if not (simulation.get("simulated") or simulation.get("unsupported") or simulation.get("ignored")):
+        return None  # a CPU script: nothing to stand in for
+    simulated = ", ".join(simulation.get("simulated") or []) or "nothing"
+    line = f"device simulation ({simulation.get('mode')}: CUDA/NCCL on CPU with gloo): {simulated}"
+    if simulation.get("unsupported"):
+        line += f"; cannot be simulated: {', '.join(simulation['unsupported'])}"
+    if simulation.get("ignored"):
+        line += f"; ignored: {', '.join(simulation['ignored'])}"
+    return line
 
 
 def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script: Optional[str], argv: list[str],
@@ -175,6 +227,9 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         suppressed=[{"finding": f.to_json(), "reason": s.reason, "file": s.file, "line": s.line}
                     for f, s in analysis.suppressed],
         unused_suppressions=[s.to_json() for s in analysis.unused_suppressions],
+        environment=rank_environments(evidence),
+        collective_benchmark=collective_benchmark(evidence),
+        device_simulation=device_simulation(evidence),
     )
 
 

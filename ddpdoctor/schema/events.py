@@ -20,10 +20,12 @@ __all__ = [
     "SCHEMA_VERSION", "EVENT_KINDS", "Event", "UnknownEvent", "SamplerInfo", "ProcessStart", "InitProcessGroup",
     "DestroyProcessGroup", "DDPWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage", "LoaderPass",
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
-    "ProbeError", "RunCut", "event_from_json", "register_event",
+    "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
+    "RankEnvironment", "RankDevices", "CollectiveBenchmark",
+    "ContentPass",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: step fingerprints as encoded strings
 
 Site = list  # innermost-first user frames: [{"file", "line", "function"}]
 Frames = list  # outermost-first frames: [{"file", "line", "function", "code", "user"}]
@@ -157,6 +159,26 @@ class ProbeError(Event):
     phase: str = "run"  # "install" (the patch did not apply) or "run"
 
 
+@dataclass(kw_only=True, slots=True)
+class DeviceSimulation(Event):
+    """What this process's device simulation (CUDA/NCCL on CPU, ddpdoctor.rank.devicesim) stood in for.
+
+    Written when simulation is decided, then again (cumulative) each time a new kind of call is
+    simulated and at exit, so the last event of a process holds its totals. ``calls``: what was
+    simulated -> how many times ("nccl->gloo", "torch.cuda.set_device"...); ``unsupported``: calls
+    that cannot be simulated (they raised in the script, or were ignored: ``ignored``); ``devices``:
+    the CUDA device indices the script asked for.
+    """
+
+    kind: ClassVar[str] = "device_sim"
+    mode: str = "auto"
+    active: bool = False
+    calls: dict = field(default_factory=dict)
+    unsupported: list = field(default_factory=list)
+    ignored: list = field(default_factory=list)
+    devices: list = field(default_factory=list)
+
+
 # -- DDP and optimizers -----------------------------------------------------------------------------
 
 @dataclass(kw_only=True, slots=True)
@@ -276,6 +298,45 @@ class LoaderPass(Event):
     tail: list = field(default_factory=list)
 
 
+@dataclass(kw_only=True, slots=True)
+class ContentPass(Event):
+    """Fingerprints of the samples one rank fed in one pass, written in parts as it goes.
+
+    ``source`` "loader": a DataLoader's collated batches over one pass (``key`` as LoaderPass's
+    ``loader``, ``number`` its pass number); "forward": the first tensor argument of a DDP module's
+    training forwards, in windows of consecutive forwards (``key`` "ddp<i>", ``number`` the window,
+    ``feeds`` the open loader pass "key#number" the batches came from, None without one). ``hashes``
+    are this part's kept row hashes (63-bit, sorted, encoded as sample indices are): a row is kept
+    while ``hash >> (63 - level)`` is 0, and ``level`` (cumulative) rises when a pass keeps too many,
+    so the same rows are kept on every rank. ``order`` digests every row hash in order (cumulative);
+    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative.
+    """
+
+    kind: ClassVar[str] = "content_pass"
+    source: str = "loader"
+    key: str = ""
+    number: int = 0
+    part: int = 0
+    final: bool = True
+    complete: bool = False
+    feeds: Optional[str] = None
+    dataset_type: str = ""
+    iterable: bool = False
+    num_workers: int = 0
+    epoch: Optional[int] = None
+    num_batches: int = 0
+    num_rows: int = 0
+    batch_rows: int = 0
+    level: int = 0
+    hashes: str = ""
+    order: str = ""
+    head: list = field(default_factory=list)
+    tail: list = field(default_factory=list)
+    steps: int = 0
+    ddp_forwards: int = 0
+    site: Site = field(default_factory=list)
+
+
 # -- collectives --------------------------------------------------------------------------------
 
 @dataclass(kw_only=True, slots=True)
@@ -332,11 +393,63 @@ class DistributedCheckpoint(Event):
     site: Site = field(default_factory=list)
 
 
+# -- environment and the smoke test ---------------------------------------------------------------
+
+@dataclass(kw_only=True, slots=True)
+class RankEnvironment(Event):
+    """What a rank runs on, recorded at start-up without initializing CUDA (that would poison a later
+    fork): versions, the NVIDIA driver, and the variables that steer a distributed job."""
+
+    kind: ClassVar[str] = "environment"
+    host: str = ""
+    pid: int = 0
+    local_rank: Optional[int] = None
+    node_rank: Optional[int] = None
+    python_version: str = ""
+    torch_version: str = ""
+    platform: str = ""
+    cuda_version: Optional[str] = None  # torch.version.cuda: the CUDA torch was built with
+    cudnn_version: Optional[int] = None
+    nccl_version: Optional[str] = None
+    driver_version: Optional[str] = None
+    variables: dict = field(default_factory=dict)  # NCCL_*, CUDA_VISIBLE_DEVICES, MASTER_ADDR...
+
+
+@dataclass(kw_only=True, slots=True)
+class RankDevices(Event):
+    """The GPUs a rank saw and the one it used, written when the script ends, only if the script
+    itself initialized CUDA. ``gpus``: [{index, name, memory_bytes, uuid, pci_bus_id}] of the visible
+    devices; ``current_device``: torch.cuda.current_device() at the end."""
+
+    kind: ClassVar[str] = "devices"
+    gpus: list = field(default_factory=list)
+    current_device: Optional[int] = None
+    driver_version: Optional[str] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class CollectiveBenchmark(Event):
+    """One rank's timings of the reference job's collective sweep. ``rows``: [{op, bytes, time_us}],
+    ``time_us`` this rank's mean time per call; ``bytes`` as nccl-tests count them (the whole
+    buffer: all_reduce's tensor, all_gather's output, reduce_scatter's input)."""
+
+    kind: ClassVar[str] = "collective_benchmark"
+    backend: str = ""
+    device: str = ""
+    world_size: int = 0
+    rows: list = field(default_factory=list)
+    iterations: dict = field(default_factory=dict)  # {"warmup": n, "timed": n}
+    skipped: list = field(default_factory=list)  # [{op, reason}]
+
+
 EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
+                DeviceSimulation,
                 DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective, JoinEvent, Save,
-                Load, DistributedCheckpoint)
+                Load, DistributedCheckpoint,
+                RankEnvironment, RankDevices, CollectiveBenchmark,
+                ContentPass)
 }
 
 

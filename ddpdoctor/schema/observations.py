@@ -156,13 +156,15 @@ class Observations:
     output_tails: dict = field(default_factory=dict)  # int rank -> last lines of its output
     missing_ranks: list = field(default_factory=list)
     stalls: list = field(default_factory=list)  # [StopSnapshot]: no-progress episodes that resolved
+    min_busbw_gbps: Optional[float] = None  # --min-busbw: the collective-bandwidth check's floor
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
                 "launch_mode": self.launch_mode, "failures": [f.to_json() for f in self.failures],
                 "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
                 "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
-                "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls]}
+                "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls],
+                "min_busbw_gbps": self.min_busbw_gbps}
 
     @classmethod
     def from_json(cls, data: dict) -> "Observations":
@@ -173,4 +175,5 @@ class Observations:
                    timeout_s=data.get("timeout_s"),
                    output_tails={int(r): list(v) for r, v in (data.get("output_tails") or {}).items()},
                    missing_ranks=list(data.get("missing_ranks") or []),
-                   stalls=[StopSnapshot.from_json(s) for s in data.get("stalls") or []])
+                   stalls=[StopSnapshot.from_json(s) for s in data.get("stalls") or []],
+                   min_busbw_gbps=data.get("min_busbw_gbps"))

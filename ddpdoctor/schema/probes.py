@@ -15,6 +15,9 @@ PROBE_CHECKS: dict[str, tuple[str, ...]] = {
     "spawn": (ALL_CHECKS,),
     "checkpoint": ("rank0-checkpoint",),
     "watchdog": ("collective-hang",),
+    "environment": ("env-consistency",),
+    "device": (ALL_CHECKS,),  # a GPU script that is not simulated cannot run on a CPU-only machine at all
+    "content": ("sampler-disjoint", "set-epoch"),
 }
 
 

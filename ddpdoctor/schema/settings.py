@@ -18,6 +18,8 @@ ACTIVE = "DDPDOCTOR_ACTIVE"  # set inside a job ddpdoctor runs: a nested `ddpdoc
 AGENT = "DDPDOCTOR_AGENT"  # index of the torchrun agent (simulated node) that started this rank
 MAX_STEPS = "DDPDOCTOR_MAX_STEPS"
 MAX_EPOCHS = "DDPDOCTOR_MAX_EPOCHS"
+DEVICE = "DDPDOCTOR_DEVICE"  # device simulation: auto | cpu | native (ddpdoctor.rank.devicesim)
+NPROC_PER_NODE = "DDPDOCTOR_NPROC_PER_NODE"  # simulated GPUs per node where LOCAL_WORLD_SIZE is unset (mp.spawn)
 
 DEFAULT_HEARTBEAT_S = 0.5
 
@@ -32,6 +34,8 @@ class RankSettings:
     agent: Optional[int] = None
     max_steps: Optional[int] = None  # stop the script cleanly after this many optimizer steps
     max_epochs: Optional[int] = None  # ... or when a training loader starts this many + 1 passes
+    device: str = "auto"  # simulate CUDA/NCCL on CPU: "auto" (when there is no GPU), "cpu" (always), "native"
+    nproc_per_node: Optional[int] = None  # GPUs a simulated node shows before workers exist (mp.spawn launcher)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RankSettings":
@@ -40,7 +44,9 @@ class RankSettings:
                    heartbeat_s=float(env.get(HEARTBEAT_S) or DEFAULT_HEARTBEAT_S),
                    agent=int(env[AGENT]) if env.get(AGENT) else None,
                    max_steps=int(env[MAX_STEPS]) if env.get(MAX_STEPS) else None,
-                   max_epochs=int(env[MAX_EPOCHS]) if env.get(MAX_EPOCHS) else None)
+                   max_epochs=int(env[MAX_EPOCHS]) if env.get(MAX_EPOCHS) else None,
+                   device=env.get(DEVICE) or "auto",
+                   nproc_per_node=int(env[NPROC_PER_NODE]) if env.get(NPROC_PER_NODE) else None)
 
     def to_env(self) -> dict[str, str]:
         env = {EVIDENCE_DIR: self.evidence_dir, FINGERPRINT_EVERY: str(self.fingerprint_every),
@@ -51,4 +57,7 @@ class RankSettings:
             env[MAX_STEPS] = str(self.max_steps)
         if self.max_epochs is not None:
             env[MAX_EPOCHS] = str(self.max_epochs)
+        env[DEVICE] = self.device
+        if self.nproc_per_node is not None:
+            env[NPROC_PER_NODE] = str(self.nproc_per_node)
         return env

@@ -38,6 +38,8 @@ Examples:
   ddpdoctor report report.json --markdown summary.md   # render a saved report
 
   ddpdoctor explain gradient-sync
+
+  ddpdoctor env -n 2 --json env.json                # every rank's versions, GPUs and NCCL variables
 """
 
 app = typer.Typer(
@@ -64,6 +66,12 @@ class LaunchMode(str, enum.Enum):
     auto = "auto"
     torchrun = "torchrun"
     spawn = "spawn"
+
+
+class DeviceMode(str, enum.Enum):
+    auto = "auto"
+    cpu = "cpu"
+    native = "native"
 
 
 class UsageProblem(Exception):
@@ -93,7 +101,7 @@ DEFAULTS = {
     "nproc-per-node": 2, "nnodes": 1, "hang-timeout": None, "timeout": None, "fail-on": "warning",
     "exit-zero": False, "launch": "auto", "fingerprint-every": 0, "max-steps": None, "max-epochs": None,
     "select": [], "ignore": [], "json": None, "junit": None, "sarif": None, "markdown": None, "github": False,
-    "quiet": False, "plain": False,
+    "quiet": False, "plain": False, "device": "auto", "min-busbw": None,
 }
 
 
@@ -139,6 +147,12 @@ def check(
     quiet: Optional[bool] = typer.Option(None, "--quiet/--no-quiet", "-q", help="Hide the script's own output."),
     plain: Optional[bool] = typer.Option(None, "--plain/--no-plain", help="Plain lines even on a terminal."),
     keep_evidence: Optional[Path] = typer.Option(None, "--keep-evidence", help="Copy the raw per-rank evidence here."),
+    device: Optional[DeviceMode] = typer.Option(
+        None, "--device", help="Run a GPU script on CPU: nccl->gloo, CUDA tensors and torch.cuda on the CPU. auto "
+                               "(default): when the ranks see no GPU; cpu: always; native: never."),
+    min_busbw: Optional[float] = typer.Option(
+        None, "--min-busbw", metavar="GBPS", help="Reference job: an error (collective-bandwidth) when a collective's "
+                                                  "peak bus bandwidth stays below GBPS GB/s."),
 ) -> int:
     """Run SCRIPT (or the reference job) on several ranks and check it. Script arguments go after --.
 
@@ -153,10 +167,13 @@ def check(
            "launch": launch.value if launch else None, "fingerprint-every": fingerprint_every,
            "max-steps": max_steps, "max-epochs": max_epochs, "select": _ids(select), "ignore": _ids(ignore),
            "json": json_path and str(json_path), "junit": junit and str(junit), "sarif": sarif and str(sarif),
-           "markdown": markdown and str(markdown), "github": github, "quiet": quiet, "plain": plain}
+           "markdown": markdown and str(markdown), "github": github, "quiet": quiet, "plain": plain,
+           "device": device.value if device else None, "min-busbw": min_busbw}
     try:
         _, file_settings = project_config.load(os.getcwd())
         opts = _merged(cli, file_settings, DEFAULTS)
+        if script is None and nproc_per_node is None and "nproc-per-node" not in file_settings:
+            opts["nproc-per-node"] = _reference_nproc(opts["nnodes"])
         if opts["fail-on"] not in SEVERITIES:
             raise ValueError(f"fail-on must be one of {', '.join(SEVERITIES)}, not {opts['fail-on']!r}")
         config = RunConfig(
@@ -165,7 +182,8 @@ def check(
             timeout_s=opts["timeout"], launch=opts["launch"], fingerprint_every=opts["fingerprint-every"],
             max_steps=opts["max-steps"], max_epochs=opts["max-epochs"], select=tuple(opts["select"]),
             ignore=tuple(opts["ignore"]), show_output=not opts["quiet"],
-            keep_evidence=None if keep_evidence is None else str(keep_evidence))
+            keep_evidence=None if keep_evidence is None else str(keep_evidence), device=opts["device"],
+            min_busbw_gbps=opts["min-busbw"])
         config.script_path()
         config.checks()
     except ValueError as exc:
@@ -184,6 +202,62 @@ def check(
     outputs.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
                       junit=opts["junit"], sarif=opts["sarif"], markdown=opts["markdown"], github=opts["github"])
     return 0 if opts["exit-zero"] else report.exit_code(opts["fail-on"])
+
+
+def _reference_nproc(nnodes: int) -> int:
+    """The reference job and `env` run one rank per GPU of this node (simulated nodes share them),
+    else 2 CPU ranks."""
+    from ddpdoctor.supervisor.gpus import local_gpu_count
+
+    gpus = local_gpu_count()
+    return max(1, gpus // max(nnodes, 1)) if gpus else 2
+
+
+@app.command()
+def env(
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", "-n",
+                                                 help="Ranks per node [default: GPUs on this node, else 2]."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Simulated nodes: this many local torchrun agents."),
+    json_path: Optional[str] = typer.Option(None, "--json", metavar="PATH", help="Write the report as JSON here "
+                                                                                  "('-': stdout, nothing else)."),
+    timeout: float = typer.Option(120, "--timeout", help="Give up after this many seconds."),
+    plain: bool = typer.Option(False, "--plain", help="Plain lines even on a terminal."),
+) -> int:
+    """Show every rank's environment (Python, torch, CUDA, cuDNN, NCCL, driver, GPUs, NCCL_* and launcher
+    variables), from a tiny job run the way `check` runs one, and check that the ranks agree."""
+    from rich.console import Console
+
+    from ddpdoctor.analysis.render.environment import render_environment
+    from ddpdoctor.analysis.report import write_json
+    from ddpdoctor.supervisor import display as displays
+    from ddpdoctor.supervisor.config import RunConfig, env_job_script
+    from ddpdoctor.supervisor.pipeline import NoEvidence, run
+
+    to_stdout = json_path == "-"
+    try:
+        config = RunConfig(script=env_job_script(), nproc_per_node=nproc_per_node or _reference_nproc(nnodes),
+                           nnodes=nnodes, timeout_s=timeout, select=("env-consistency", "rank-failure"),
+                           show_output=not to_stdout)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None
+    plain = plain or displays.is_plain()
+    console = displays.make_console(plain)
+    if to_stdout:  # stdout carries the JSON alone; rank output and tables are not shown
+        console = Console(file=sys.stderr, no_color=plain, highlight=False)
+    display = displays.PlainDisplay(console, show_output=config.show_output)
+    try:
+        report = run(config, display=display)
+    except NoEvidence as exc:
+        raise UsageProblem(str(exc)) from None
+    if report.role == "peer":
+        return report.exit_code()
+    if to_stdout:
+        sys.stdout.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+    else:
+        if json_path:
+            write_json(report, json_path)
+        render_environment(console, report, plain=plain)
+    return report.exit_code()
 
 
 @app.command()

@@ -8,6 +8,7 @@ from importlib.util import find_spec
 from typing import Optional
 
 LAUNCH_MODES = ("auto", "torchrun", "spawn")
+DEVICE_MODES = ("auto", "cpu", "native")  # device simulation: ddpdoctor.rank.devicesim
 
 
 def reference_script() -> str:
@@ -16,6 +17,11 @@ def reference_script() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the bundled reference job is missing from this installation")
     return os.path.join(list(spec.submodule_search_locations)[0], "reference.py")
+
+
+def env_job_script() -> str:
+    """The job behind `ddpdoctor env` (ddpdoctor/rank/env_job.py): join the process group, leave."""
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "env_job.py")
 
 
 def validate_script(script: str) -> str:
@@ -53,6 +59,8 @@ class RunConfig:
     show_output: bool = True
     keep_evidence: Optional[str] = None
     extra_env: dict = field(default_factory=dict)
+    min_busbw_gbps: Optional[float] = None  # --min-busbw: the reference job's collectives must reach this (GB/s)
+    device: str = "auto"  # simulate CUDA/NCCL on CPU: auto (when the ranks see no GPU), cpu (always), native
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -62,10 +70,14 @@ class RunConfig:
         for name, value in (("--hang-timeout", self.hang_timeout_s), ("--timeout", self.timeout_s)):
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds")
+        if self.min_busbw_gbps is not None and self.min_busbw_gbps <= 0:
+            raise ValueError("--min-busbw must be a positive bandwidth in GB/s")
         if self.fingerprint_every < 0:
             raise ValueError("--fingerprint-every must be 0 (automatic) or a positive number of steps")
         if self.launch not in LAUNCH_MODES:
             raise ValueError(f"--launch must be one of {', '.join(LAUNCH_MODES)}")
+        if self.device not in DEVICE_MODES:
+            raise ValueError(f"--device must be one of {', '.join(DEVICE_MODES)}, not {self.device!r}")
         for name, value in (("--max-steps", self.max_steps), ("--max-epochs", self.max_epochs)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1")

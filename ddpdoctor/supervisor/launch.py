@@ -83,7 +83,8 @@ def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool)
         for name in _LAUNCHER_VARS:
             env.pop(name, None)
     env.update(settings.RankSettings(evidence_dir=evidence_dir, fingerprint_every=config.fingerprint_every,
-                                     max_steps=config.max_steps, max_epochs=config.max_epochs).to_env())
+                                     max_steps=config.max_steps, max_epochs=config.max_epochs,
+                                     device=config.device, nproc_per_node=config.nproc_per_node).to_env())
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, without its banner
     env["PYTHONUNBUFFERED"] = "1"  # rank output shows up live, not at exit
     env.update(config.extra_env)

@@ -120,9 +120,11 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
         launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
-        output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls)
+        output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
+        min_busbw_gbps=config.min_busbw_gbps)
     checks = config.checks()  # first: plugins register their event kinds before the evidence is read
-    evidence = Evidence.from_processes((parse_lines(lines) for lines in collected.processes),
+    pool: dict[str, str] = {}  # one copy of the fingerprints replicas share
+    evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),
                                        observations=observations, script=script)
     analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
     return build_report(evidence, analysis, version=__version__,

@@ -28,7 +28,7 @@ KEYS: dict[str, tuple[type, ...]] = {
     "fail-on": (str,), "exit-zero": (bool,), "launch": (str,), "fingerprint-every": (int,),
     "max-steps": (int,), "max-epochs": (int,), "select": (list,), "ignore": (list,), "json": (str,),
     "junit": (str,), "sarif": (str,), "markdown": (str,), "github": (bool,), "quiet": (bool,),
-    "plain": (bool,),
+    "plain": (bool,), "device": (str,), "min-busbw": (int, float),
 }
 PATH_KEYS = ("json", "junit", "sarif", "markdown")
 

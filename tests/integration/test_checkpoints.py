@@ -43,6 +43,9 @@ def test_reference_job_on_two_simulated_nodes(run_check):
     assert run.returncode == 0, run.output[-3000:]
     assert run.report["nnodes"] == 2 and run.report["world_size"] == 4
     assert sorted((r["node"], r["local_rank"]) for r in run.report["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sorted((e["node"], e["local_rank"]) for e in run.report["environment"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert run.report["collective_benchmark"]["world_size"] == 4
+    assert {r["slowest_rank"] for r in run.report["collective_benchmark"]["rows"]} <= {0, 1, 2, 3}
 
 
 def _digest(path: str) -> str:

@@ -45,7 +45,8 @@ def test_list_explain_and_version(tmp_path):
     listed = ddpdoctor("list-checks", cwd=tmp_path)
     ids = [line.split()[0] for line in listed.stdout.splitlines()]
     assert ids == ["gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
-                   "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed"]
+                   "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed",
+                   "env-consistency", "collective-bandwidth"]
     explained = ddpdoctor("explain", "set-epoch", cwd=tmp_path)
     assert explained.returncode == 0
     for section in ("What it does", "Why it matters", "Example", "Use instead"):
@@ -61,6 +62,15 @@ def test_reference_job_is_clean(run_check):
     assert all(c["status"] in ("pass", "skip") for c in run.report["checks"])
     assert {c["id"]: c["status"] for c in run.report["checks"]}["gradient-sync"] == "pass"
     assert "[rank0] epoch 0" in run.output, "the script's own output stays visible, prefixed by rank"
+    # The smoke test: every rank's environment, and the collective sweep (gloo on CPU: 8 B to 4 MiB).
+    assert [e["rank"] for e in run.report["environment"]] == [0, 1]
+    assert all(e["torch"] and e["python"] and e["host"] for e in run.report["environment"])
+    bench = run.report["collective_benchmark"]
+    assert (bench["backend"], bench["device"], bench["world_size"]) == ("gloo", "cpu", 2)
+    assert {r["op"] for r in bench["rows"]} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert {r["bytes"] for r in bench["rows"]} >= {8, 4 << 20}
+    assert all(r["time_us"] > 0 and r["busbw_gbps"] >= 0 and r["slowest_rank"] in (0, 1) for r in bench["rows"])
+    assert "collective benchmark: gloo on cpu, 2 ranks" in run.output and "busbw" in run.output
 
 
 def test_spawn_mode_probes_every_worker(run_check):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.render.terminal import verdict
-from ddpdoctor.analysis.report import Report
+from ddpdoctor.analysis.report import Report, device_simulation_line
 
 __all__ = ["render_markdown"]
 
@@ -43,7 +43,11 @@ def render_markdown(report: Report, *, fail_on: str = "warning") -> str:
     lines = [f"## {icon} ddpdoctor {verdict(report, fail_on)}", "",
              f"`{report.script or 'reference job'}` on {report.world_size} ranks ({nodes}, {report.backend}, "
              f"{report.device}), outcome **{report.outcome}**, {report.duration_s:.1f}s, ddpdoctor {report.version}",
-             "", "| | Check | Summary |", "|---|---|---|"]
+             ""]
+    simulation = device_simulation_line(report.device_simulation)
+    if simulation:
+        lines += [simulation[0].upper() + simulation[1:], ""]
+    lines += ["| | Check | Summary |", "|---|---|---|"]
     for check in report.checks:
         summary = check.summary + (f" (incomplete: probe {', '.join(check.incomplete)} failed)"
                                    if check.incomplete else "")

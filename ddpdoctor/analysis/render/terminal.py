@@ -13,7 +13,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.analysis.report import Report
+from ddpdoctor.analysis.report import Report, device_simulation_line
 
 _GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim")}
 _PLAIN = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP"}
@@ -92,6 +92,9 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
                        f"{data['world_size']} ranks ({data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}, "
                        f"{data['backend']}, {data['device']}), outcome {data['outcome']}, "
                        f"{data['duration_s']:.1f}s", style="bold"))
+    simulation = device_simulation_line(report.device_simulation)
+    if simulation:
+        console.print(Text(simulation))
     if data["nnodes"] > 1:
         nodes: dict = {}
         for rank in data.get("ranks", []):
@@ -108,6 +111,10 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
             glyph, style = _GLYPHS[status]
             console.print(Text(f" {glyph} ", style=f"bold {style}") + Text(f"{check['id']:<18}", style="bold")
                           + Text(summary, style="dim" if status in ("pass", "skip") else ""))
+    if data.get("collective_benchmark"):  # the reference job's smoke test
+        from ddpdoctor.analysis.render.benchmark import render_benchmark
+
+        render_benchmark(console, data["collective_benchmark"], plain=plain)
     if data.get("cut"):
         cut = data["cut"]
         unit = "optimizer steps" if cut["reason"] == "max-steps" else "training epochs"
@@ -159,6 +166,9 @@ def _render_finding(console: Console, finding: dict, *, plain: bool) -> None:
     else:
         console.print(Panel(Group(*body), title=title, title_align="left",
                             border_style=_SEVERITY_STYLE[finding["severity"]]))
+
+
+render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
 
 
 def verdict(report: Report, fail_on: str = "warning") -> str:

@@ -11,7 +11,9 @@ from ddpdoctor.rank.probes import patching
 from ddpdoctor.rank.recorder import Recorder
 
 # Each module's install(rec) returns an optional finalizer run when the script ends.
-PROBE_MODULES = ("lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint")
+# "device" (CUDA/NCCL simulation on CPU) first: the probes after it wrap its stand-ins.
+PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
+                 "environment", "content")
 
 
 def install(rec: Recorder) -> Callable[[], None]:

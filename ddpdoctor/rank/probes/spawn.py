@@ -25,8 +25,17 @@ class ProbedWorker:
     def __call__(self, *args: Any) -> Any:
         from ddpdoctor.rank import bootstrap, tracebacks
 
+        def target() -> Any:
+            from ddpdoctor.rank.probes import patching
+
+            # This child re-imported the script before its probes were installed: rebind its imports.
+            namespace = getattr(self.fn, "__globals__", None)
+            if isinstance(namespace, dict):
+                patching.rebind(namespace)
+            return self.fn(*args)
+
         try:
-            return bootstrap.run_recorded(lambda: self.fn(*args))
+            return bootstrap.run_recorded(target)
         except Exception as exc:
             # torch's worker wrapper (_wrap) sends format_exc() to the parent: hand it the user's
             # traceback without our frames, through the same error file, then exit as it would.

@@ -1,0 +1,80 @@
+"""``ddpdoctor env`` in a terminal: one row per rank (versions, host, GPU), then the variables,
+each shown once when every rank has the same value and per rank where they differ."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.analysis.render.benchmark import format_bytes
+from ddpdoctor.analysis.report import Report
+
+__all__ = ["ranks_table", "variables_table", "render_environment"]
+
+
+def _gpu(env: dict) -> str:
+    device = env.get("device")
+    if device:
+        memory = next((g.get("memory_bytes") for g in env.get("gpus", []) if g.get("index") == device.get("index")),
+                      None)
+        name = device.get("name") or "GPU"
+        return f"cuda:{device['index']} {name}" + (f" {format_bytes(memory)}" if memory else "")
+    if env.get("gpus"):
+        return f"{len(env['gpus'])} visible, none used"
+    return "-"
+
+
+def ranks_table(environment: list[dict]) -> Table:
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="ranks", title_justify="left")
+    for column in ("rank", "host", "node", "local", "python", "torch", "CUDA", "cuDNN", "NCCL", "driver", "backend",
+                   "GPU"):
+        table.add_column(column, no_wrap=column != "GPU")
+    for env in environment:
+        table.add_row(*[str(v) if v not in (None, "") else "-" for v in (
+            env["rank"], env.get("host"), env.get("node"), env.get("local_rank"), env.get("python"), env.get("torch"),
+            env.get("cuda"), env.get("cudnn"), env.get("nccl"), env.get("driver"), env.get("backend"))], _gpu(env))
+    return table
+
+
+def variables_table(environment: list[dict]) -> Optional[Table]:
+    names = sorted({k for env in environment for k in env.get("variables", {})})
+    if not names:
+        return None
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="variables",
+                  title_justify="left")
+    table.add_column("variable", no_wrap=True)
+    table.add_column("value")
+    for name in names:
+        values = {env["rank"]: env.get("variables", {}).get(name) for env in environment}
+        if len(set(values.values())) == 1:
+            table.add_row(name, str(next(iter(values.values()))))
+            continue
+        groups: dict[str, list[int]] = {}
+        for rank, value in values.items():
+            groups.setdefault("(unset)" if value is None else value, []).append(rank)
+        table.add_row(name, "; ".join(f"{value} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+                                      for value, ranks in groups.items()))
+    return table
+
+
+def render_environment(console: Console, report: Report, *, plain: bool) -> None:
+    """The environment tables, then the env-consistency (and any crash) findings, then a verdict."""
+    from ddpdoctor.analysis.render import terminal
+
+    nodes = len({(e.get("host"), e.get("node")) for e in report.environment})
+    console.print()
+    console.print(Text(f"ddpdoctor {report.version} env: {len(report.environment)} of {report.world_size} ranks "
+                       f"on {nodes} node{'s' if nodes != 1 else ''}, outcome {report.outcome}", style="bold"))
+    console.print(ranks_table(report.environment))
+    variables = variables_table(report.environment)
+    if variables is not None:
+        console.print(variables)
+    for check in report.checks:
+        console.print(Text(f"[{check.status.upper()}] {check.id}: {check.summary}" if plain else
+                           f"{check.id}: {check.summary}"))
+    for finding in report.findings:
+        terminal.render_finding(console, finding.to_json(), plain=plain)
+    console.print(Text(terminal.verdict(report), style="bold"))

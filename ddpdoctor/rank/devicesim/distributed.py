@@ -1,0 +1,112 @@
+"""NCCL becomes gloo; DDP's ``device_ids`` / ``output_device`` are dropped for CPU modules.
+
+After ``init_process_group("nccl")`` under simulation, ``dist.get_backend()`` honestly answers
+"gloo": torch's own code (DDP, SyncBatchNorm, collectives) asks it to pick code paths, and gloo's
+are the ones that run. The report's ``backend`` is "gloo" too; ``device_simulation`` says why.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpdoctor.rank.devicesim.ledger import DDP_DEVICE_IDS, NCCL, Ledger
+from ddpdoctor.rank.devicesim.mode import is_cuda
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+
+PROBE = "device"
+
+
+def gloo_backend(backend: Any, ledger: Ledger) -> Any:
+    """The backend to use for ``backend``: anything naming NCCL (or nothing, which torch would resolve
+    to "cuda:nccl" now that CUDA looks available) becomes gloo."""
+    if backend is None:
+        return "gloo"
+    if "nccl" in str(backend).lower():
+        ledger.count(NCCL)
+        return "gloo"
+    return backend
+
+
+def _bound(original: Callable[..., Any], args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    return inspect.signature(original).bind_partial(*args, **kwargs)
+
+
+def install(rec: Recorder, ledger: Ledger) -> None:
+    def wrap_init(original):
+        def init_process_group(*args, **kwargs):
+            try:
+                bound = _bound(original, args, kwargs)
+            except TypeError:
+                return original(*args, **kwargs)  # torch's own error for a bad call
+            arguments = bound.arguments
+            arguments["backend"] = gloo_backend(arguments.get("backend"), ledger)
+            if is_cuda(arguments.get("device_id")):
+                ledger.count("init_process_group(device_id=cuda)->none")
+                arguments["device_id"] = None
+            return original(*bound.args, **bound.kwargs)
+
+        return init_process_group
+
+    def wrap_new_group(original):
+        def new_group(*args, **kwargs):
+            try:
+                bound = _bound(original, args, kwargs)
+            except TypeError:
+                return original(*args, **kwargs)
+            if bound.arguments.get("backend") is not None:
+                bound.arguments["backend"] = gloo_backend(bound.arguments["backend"], ledger)
+            bound.arguments.pop("pg_options", None)  # NCCL options mean nothing to gloo
+            return original(*bound.args, **bound.kwargs)
+
+        return new_group
+
+    for owner in (dist, c10d):
+        patch(rec, PROBE, owner, "init_process_group", wrap_init, layer=True)
+        patch(rec, PROBE, owner, "new_group", wrap_new_group, layer=True)
+
+    def wrap_ddp_init(original):
+        def __init__(self, module, *args, **kwargs):
+            try:
+                bound = _bound(original, (self, module, *args), kwargs)
+            except TypeError:
+                return original(self, module, *args, **kwargs)
+            arguments = bound.arguments
+            on_cpu = all(p.device.type == "cpu" for p in module.parameters())
+            if on_cpu and (arguments.get("device_ids") is not None or arguments.get("output_device") is not None):
+                ledger.count(DDP_DEVICE_IDS)
+                for device in arguments.get("device_ids") or []:
+                    if isinstance(device, int):
+                        ledger.device(device)
+                arguments["device_ids"] = None
+                arguments["output_device"] = None
+            return original(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_ddp_init, layer=True)
+    _install_device_mesh(rec, ledger)
+
+
+def _install_device_mesh(rec: Recorder, ledger: Ledger) -> None:
+    try:
+        import torch.distributed.device_mesh as device_mesh
+    except ImportError:
+        return
+
+    def wrap(original):
+        def init_device_mesh(device_type, *args, **kwargs):
+            if device_type == "cuda":
+                ledger.count("init_device_mesh(cuda)->cpu")
+                device_type = "cpu"
+            return original(device_type, *args, **kwargs)
+
+        return init_device_mesh
+
+    if hasattr(device_mesh, "init_device_mesh"):
+        patch(rec, PROBE, device_mesh, "init_device_mesh", wrap, layer=True)

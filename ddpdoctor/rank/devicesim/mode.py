@@ -1,0 +1,138 @@
+"""CUDA tensors and modules become CPU ones: a TorchFunctionMode that rewrites device arguments.
+
+A mode (not patches on every factory function) because torch routes factory functions
+(``torch.zeros(..., device=0)``), Tensor methods (``.to``, ``.cuda``) and ``Module.to``'s argument
+parser (``torch._C._nn._parse_to``) through ``__torch_function__`` modes. The fast path, taken by
+every other torch call in the script, is one dict lookup and one truth test. Modes are per thread:
+the DataLoader's pin-memory thread is covered by the ``pin_memory`` patch below instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ddpdoctor.rank.devicesim.ledger import MAP_LOCATION, MODULES, PIN_MEMORY, TENSORS, Ledger
+
+CPU = torch.device("cpu")
+
+
+def is_cuda(device: Any) -> bool:
+    """Whether a device argument names a CUDA device (an int is an accelerator ordinal in torch)."""
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device == "cuda" or device.startswith("cuda:")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+def _device_index(device: Any) -> int | None:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    if isinstance(device, str) and ":" in device:
+        try:
+            return int(device.split(":", 1)[1])
+        except ValueError:
+            return None
+    return device.index if isinstance(device, torch.device) else None
+
+
+class CpuDeviceMode(TorchFunctionMode):
+    """Rewrites CUDA device arguments to the CPU; everything else passes through untouched."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.special: dict[Any, Callable[..., Any]] = {
+            torch.Tensor.to: self._to, torch._C._nn._parse_to: self._to, torch.Tensor.cuda: self._cuda,
+            torch.Tensor.pin_memory: self._pin_memory, torch.Tensor.is_pinned: self._is_pinned,
+            torch.Tensor.record_stream: self._record_stream,
+        }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        handler = self.special.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs or {})
+        if kwargs:
+            device = kwargs.get("device")
+            if device is not None and is_cuda(device):
+                self._note(TENSORS, device)
+                kwargs = {**kwargs, "device": CPU}
+            return func(*args, **kwargs)
+        return func(*args)
+
+    def _note(self, what: str, device: Any) -> None:
+        self.ledger.count(what)
+        index = _device_index(device)
+        if index is not None:
+            self.ledger.device(index)
+
+    def _to(self, func, args, kwargs):
+        """``Tensor.to`` and ``Module.to``'s parser: the device is positional or ``device=``."""
+        what = MODULES if func is torch._C._nn._parse_to else TENSORS
+        if any(is_cuda(a) for a in args):
+            for a in args:
+                if is_cuda(a):
+                    self._note(what, a)
+            args = tuple(CPU if is_cuda(a) else a for a in args)
+        device = kwargs.get("device")
+        if device is not None and is_cuda(device):
+            self._note(what, device)
+            kwargs = {**kwargs, "device": CPU}
+        return func(*args, **kwargs)
+
+    def _cuda(self, func, args, kwargs):
+        """``tensor.cuda(...)`` (also what ``Module.cuda`` calls): the tensor, on the CPU already."""
+        self._note(TENSORS, kwargs.get("device", args[1] if len(args) > 1 else None))
+        memory_format = kwargs.get("memory_format")
+        tensor = args[0]
+        return tensor.contiguous(memory_format=memory_format) if memory_format is not None else tensor
+
+    def _pin_memory(self, func, args, kwargs):
+        self.ledger.count(PIN_MEMORY)
+        return args[0]
+
+    def _is_pinned(self, func, args, kwargs):
+        return False
+
+    def _record_stream(self, func, args, kwargs):
+        return None
+
+
+def cpu_map_location(map_location: Any) -> Any:
+    """torch.load's ``map_location`` under simulation: every form (None, a string, a device, a dict,
+    a callable) only says where storages go, and under simulation that is always the CPU; a
+    callable's ``storage.cuda(rank)`` has no CPU meaning, so it is not called."""
+    return "cpu"
+
+
+def wrap_load(ledger: Ledger) -> Callable[[Any], Any]:
+    def wrap(original):
+        def load(f, *args, **kwargs):
+            asked = args[0] if args else kwargs.get("map_location")
+            if args:  # load(f, map_location, pickle_module, ...)
+                args = (cpu_map_location(asked), *args[1:])
+            else:
+                kwargs["map_location"] = cpu_map_location(asked)
+            if not (asked == "cpu" or asked == CPU):
+                ledger.count(MAP_LOCATION)
+            return original(f, *args, **kwargs)
+
+        return load
+
+    return wrap
+
+
+def wrap_pin_memory(ledger: Ledger) -> Callable[[Any], Any]:
+    """DataLoader(pin_memory=True) pins each batch, from its own thread where no mode is active."""
+
+    def wrap(_original):
+        def pin_memory(data, device=None):
+            ledger.count(PIN_MEMORY)
+            return data
+
+        return pin_memory
+
+    return wrap

@@ -1,0 +1,231 @@
+"""Device simulation pieces that run in one process: the device-rewriting mode, map_location,
+torch.cuda / torch.accelerator answers, autocast and GradScaler, SyncBatchNorm's math. Every test
+installs the simulation through the real entry point and undoes it (patching.restore_all)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+from ddpdoctor.analysis.decode import decode
+from ddpdoctor.rank import devicesim
+from ddpdoctor.rank.devicesim.mode import cpu_map_location, is_cuda
+from ddpdoctor.rank.devicesim.syncbn import sync_batch_norm
+from ddpdoctor.rank.probes import patching
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.settings import RankSettings
+
+
+@pytest.fixture
+def sim(tmp_path, monkeypatch):
+    """The simulation installed as a rank installs it (mode "cpu": also where a GPU exists)."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
+    finish = devicesim.install(rec, mode="cpu", nproc_per_node=2)
+    try:
+        yield rec
+    finally:
+        finish()
+        patching.restore_all()
+        rec.close()
+
+
+def last_event(rec: Recorder) -> dict:
+    rec.close()
+    (name,) = os.listdir(rec.evidence_dir)
+    lines = [json.loads(line) for line in open(os.path.join(rec.evidence_dir, name))]
+    return [e for e in lines if e["kind"] == "device_sim"][-1]
+
+
+def test_is_cuda_reads_every_device_form():
+    assert all(is_cuda(d) for d in (0, 3, "cuda", "cuda:1", torch.device("cuda"), torch.device("cuda", 2)))
+    assert not any(is_cuda(d) for d in (None, True, "cpu", "meta", torch.device("cpu"), torch.float16))
+
+
+def test_tensors_and_modules_land_on_the_cpu(sim):
+    assert torch.zeros(2, device=0).device.type == "cpu"
+    assert torch.tensor([1.0], device="cuda:1").device.type == "cpu"
+    for factory in (torch.ones, torch.randn, torch.empty, torch.rand):
+        assert factory(2, device=torch.device("cuda", 1)).device.type == "cpu"
+    assert torch.arange(3, device="cuda").device.type == "cpu"
+    assert torch.full((2,), 1.0, device=1).device.type == "cpu"
+    assert torch.randint(0, 4, (3,), device="cuda").device.type == "cpu"
+    x = torch.ones(2)
+    assert x.to(1).device.type == x.to("cuda:0").device.type == x.cuda().device.type == "cpu"
+    assert x.to("cuda", torch.float64).dtype == torch.float64
+    assert x.to(device=torch.device("cuda"), non_blocking=True).device.type == "cpu"
+    assert x.pin_memory() is x and x.cuda() is x
+    net = nn.Linear(2, 2).to(0).cuda().to(torch.device("cuda:1"))
+    assert next(net.parameters()).device.type == "cpu"
+    assert x.to(torch.float16).dtype == torch.float16  # no device: untouched
+    event = last_event(sim)
+    assert {"cuda tensors->cpu", "cuda modules->cpu", "pin_memory->no-op"} <= set(event["calls"])
+    assert event["active"] is True and event["devices"] == [0, 1]
+
+
+def test_torch_cuda_answers_one_gpu_per_local_rank(sim):
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 4  # LOCAL_WORLD_SIZE wins
+    torch.cuda.set_device(3)
+    assert torch.cuda.current_device() == 3
+    with torch.cuda.device(1):
+        assert torch.cuda.current_device() == 1
+    assert torch.cuda.current_device() == 3
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.cuda.set_device(4)
+    torch.cuda.synchronize()
+    torch.cuda.manual_seed_all(0)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.memory_allocated() == torch.cuda.max_memory_allocated() == 0
+    free, total = torch.cuda.mem_get_info()
+    assert free == total > 0
+    assert "simulated" in torch.cuda.get_device_name(0)
+    assert torch.cuda.get_device_properties(0).total_memory == total
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    end.record()
+    end.synchronize()
+    assert start.elapsed_time(end) >= 0
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        stream.wait_stream(torch.cuda.current_stream())
+    torch.cuda.nvtx.range_push("step")
+    torch.cuda.nvtx.range_pop()
+    assert isinstance(torch.cuda.get_rng_state(), torch.Tensor)
+    assert torch.accelerator.is_available() and torch.accelerator.device_count() == 4
+    assert torch.accelerator.current_accelerator() == torch.device("cuda")
+    torch.accelerator.set_device_index(2)
+    assert torch.accelerator.current_device_index() == torch.cuda.current_device() == 2
+    torch.accelerator.synchronize()
+    assert {"torch.cuda.set_device", "torch.cuda.device_count", "torch.cuda.synchronize",
+            "torch.accelerator.set_device_index"} <= set(last_event(sim)["calls"])
+
+
+def test_device_count_falls_back_to_nproc_per_node_in_a_spawn_launcher(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
+    finish = devicesim.install(rec, mode="cpu", nproc_per_node=3)
+    try:
+        assert torch.cuda.device_count() == 3
+    finally:
+        finish()
+        patching.restore_all()
+        rec.close()
+
+
+def test_what_cannot_be_simulated_raises_naming_the_api(sim):
+    with pytest.raises(devicesim.NotSimulatedError, match=r"torch\.cuda\.CUDAGraph cannot be simulated on CPU"):
+        torch.cuda.CUDAGraph()
+    with pytest.raises(devicesim.NotSimulatedError, match=r"torch\.cuda\.nccl\.version"):
+        torch.cuda.nccl.version()
+    torch.cuda.memory._record_memory_history()  # a debugging aid: ignored, and reported as such
+    event = last_event(sim)
+    assert event["unsupported"] == ["torch.cuda.CUDAGraph", "torch.cuda.nccl.version"]
+    assert event["ignored"] == ["torch.cuda.memory._record_memory_history"]
+
+
+def test_not_simulated_error_decodes_to_its_own_cause():
+    decoded = decode(str(devicesim.NotSimulatedError("torch.cuda.CUDAGraph")))
+    assert decoded is not None and decoded.code == "not-simulated"
+    assert decoded.detail == "torch.cuda.CUDAGraph cannot be simulated on CPU"
+
+
+@pytest.mark.parametrize("asked", [None, "cuda:1", torch.device("cuda", 0), 1, {"cuda:0": "cuda:1"},
+                                   lambda storage, location: storage.cuda(1)])
+def test_every_map_location_form_loads_on_the_cpu(sim, tmp_path, asked):
+    path = tmp_path / "ckpt.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    assert cpu_map_location(asked) == "cpu"
+    assert torch.load(path, map_location=asked)["w"].device.type == "cpu"
+    assert torch.load(path, asked)["w"].device.type == "cpu"
+
+
+def test_autocast_and_grad_scaler_take_their_cpu_forms(sim):
+    net = nn.Linear(4, 4)
+    with torch.autocast("cuda", dtype=torch.float16):
+        assert net(torch.ones(2, 4)).dtype == torch.bfloat16
+    with torch.autocast("cuda", enabled=False):
+        assert net(torch.ones(2, 4)).dtype == torch.float32
+    scaler = torch.amp.GradScaler("cuda")
+    assert not scaler.is_enabled()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    loss = net(torch.ones(2, 4)).sum()
+    assert scaler.scale(loss) is loss
+    loss.backward()
+    before = net.weight.detach().clone()
+    scaler.step(optimizer)
+    scaler.update()
+    assert not torch.equal(before, net.weight)
+    assert set(last_event(sim)["calls"]) >= {"autocast(cuda)->autocast(cpu, bfloat16)", "GradScaler(cuda)->disabled"}
+
+
+def test_everything_is_restored(tmp_path):
+    originals = (torch.cuda.is_available, torch.cuda.set_device, torch.load, torch.distributed.init_process_group,
+                 torch.nn.SyncBatchNorm.forward, torch.amp.GradScaler.__init__)
+    rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
+    finish = devicesim.install(rec, mode="cpu")
+    finish()
+    patching.restore_all()
+    rec.close()
+    assert (torch.cuda.is_available, torch.cuda.set_device, torch.load, torch.distributed.init_process_group,
+            torch.nn.SyncBatchNorm.forward, torch.amp.GradScaler.__init__) == originals
+    with pytest.raises(Exception):
+        torch.zeros(1, device="cuda")  # no mode left behind
+
+
+def test_native_and_auto_with_a_gpu_do_not_simulate(tmp_path, monkeypatch):
+    assert devicesim.should_simulate("native") is False
+    assert devicesim.should_simulate("cpu") is True
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert devicesim.should_simulate("auto") is False
+    with pytest.raises(ValueError):
+        devicesim.should_simulate("gpu")
+
+
+def _local_stats(half: torch.Tensor) -> torch.Tensor:
+    dims = [d for d in range(half.dim()) if d != 1]
+    return torch.cat([half.sum(dims, dtype=torch.float64), (half * half).sum(dims, dtype=torch.float64),
+                      torch.full((1,), float(half.numel() // half.shape[1]), dtype=torch.float64)])
+
+
+def _reduce_with(other: torch.Tensor):
+    """Rank i's all_reduce of two ranks, in one process: its own statistics plus the other rank's,
+    through autograd, so the backward reaches both halves as the all_reduce's backward does."""
+    return lambda local: local + _local_stats(other)
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5), (4, 3, 2, 2)])
+def test_sync_batch_norm_math_equals_batch_norm_over_the_concatenated_batch(shape):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, dtype=torch.float64) * 3 + 1
+    reference = nn.BatchNorm1d(3) if len(shape) < 4 else nn.BatchNorm2d(3)
+    reference = reference.double()
+    with torch.no_grad():
+        reference.weight.uniform_(0.5, 1.5)
+        reference.bias.uniform_(-0.5, 0.5)
+    x_ref = x.clone().requires_grad_()
+    out_ref = reference(x_ref)
+    (out_ref * torch.arange(out_ref.numel(), dtype=torch.float64).view_as(out_ref)).sum().backward()
+
+    # The same batch, split between two "ranks" that each hold half and a copy of the parameters.
+    x_sim = x.clone().requires_grad_()
+    halves = list(x_sim.chunk(2))
+    weight = reference.weight.detach().clone().requires_grad_()
+    bias = reference.bias.detach().clone().requires_grad_()
+    running = [(torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)) for _ in halves]
+    outs = [sync_batch_norm(half, weight, bias, *running[i], momentum=0.1, eps=reference.eps,
+                            reduce=_reduce_with(halves[1 - i])) for i, half in enumerate(halves)]
+    out = torch.cat(outs)
+    torch.testing.assert_close(out, out_ref)
+    (out * torch.arange(out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
+    torch.testing.assert_close(x_sim.grad, x_ref.grad)
+    torch.testing.assert_close(weight.grad, reference.weight.grad)
+    torch.testing.assert_close(bias.grad, reference.bias.grad)
+    running_mean, running_var = running[0]
+    torch.testing.assert_close(running[1][0], running_mean)
+    torch.testing.assert_close(running_mean, reference.running_mean)
+    torch.testing.assert_close(running_var, reference.running_var)
