@@ -15,13 +15,19 @@ FIXTURES_THAT_HANG = ("hang_barrier_rank0.py", "hang_collective_some_ranks.py", 
                       "uneven_manual_shard.py")
 
 
+# Events that only training itself writes; a hung job still writes others (heartbeat-driven parts,
+# cumulative counters flushed when the supervisor asks for stacks), which would make the hang look
+# younger than it is.
+PROGRESS_KINDS = frozenset({"init_pg", "ddp_wrap", "optimizer", "step", "collective", "join", "save",
+                            "load", "dcp"})
+
+
 def _last_progress(evidence: str) -> float:
     last = 0.0
     for path in glob.glob(os.path.join(evidence, "events-*.jsonl")):
         with open(path) as f:
             events = [json.loads(line) for line in f if line.strip()]
-        # Progress ends at the last event before the stack dump (the dump itself writes snapshots).
-        times = [e["t"] for e in events if not e.get("snapshot") and e.get("kind") != "probe_error"]
+        times = [e["t"] for e in events if e.get("kind") in PROGRESS_KINDS and not e.get("snapshot")]
         last = max(last, max(times, default=0.0))
     return last
 

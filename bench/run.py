@@ -50,23 +50,30 @@ def main() -> None:
     cwd = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
     quick = args.quick
     for section in chosen:
-        if section == "fingerprint":
-            bench_fingerprint()
-        elif section == "overhead":
-            bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60)
-        elif section == "verdict":
-            bench_verdict(cwd, rounds=1 if quick else 3)
-        elif section == "hangs":
-            bench_hangs(cwd)
-        elif section == "sampler":
-            bench_sampler(cwd, samples=1_000_000 if quick else 10_000_000)
-        elif section == "analysis":
-            bench_analysis(cwd, world=256 if quick else 1024)
-        elif section == "volume":
-            bench_volume(cwd, steps=10_000 if quick else 100_000)
-        elif section == "gpu":
-            bench_gpu(quick)
+        try:
+            run_section(section, cwd, quick)
+        except Exception as exc:  # one broken section must not hide the others' tables
+            print(f"\n{section}: FAILED: {type(exc).__name__}: {exc}")
         sys.stdout.flush()
+
+
+def run_section(section: str, cwd: str, quick: bool) -> None:
+    if section == "fingerprint":
+        bench_fingerprint()
+    elif section == "overhead":
+        bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60)
+    elif section == "verdict":
+        bench_verdict(cwd, rounds=1 if quick else 3)
+    elif section == "hangs":
+        bench_hangs(cwd)
+    elif section == "sampler":
+        bench_sampler(cwd, samples=1_000_000 if quick else 10_000_000)
+    elif section == "analysis":
+        bench_analysis(cwd, world=256 if quick else 1024)
+    elif section == "volume":
+        bench_volume(cwd, steps=10_000 if quick else 100_000)
+    elif section == "gpu":
+        bench_gpu(quick)
 
 
 if __name__ == "__main__":
