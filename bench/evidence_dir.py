@@ -3,21 +3,18 @@ measures the analysis alone, without the job that produced the evidence."""
 
 from __future__ import annotations
 
-import glob
-import os
 import time
 
 from ddpdoctor.analysis.evidence import Evidence, parse_lines
 from ddpdoctor.analysis.runner import analyze
-from ddpdoctor.schema.layout import EVENTS_GLOB
 from ddpdoctor.schema.observations import Observations
+from ddpdoctor.supervisor.transport import FileTransport
 
 
 def load(directory: str) -> Evidence:
-    processes = []
-    for path in sorted(glob.glob(os.path.join(directory, EVENTS_GLOB))):
-        with open(path, errors="replace") as f:
-            processes.append(parse_lines(f.read().splitlines()))
+    """As the supervisor loads it: the file transport's lines, parsed with one shared pool."""
+    pool: dict[str, str] = {}
+    processes = (parse_lines(lines, pool) for lines in FileTransport(directory).collect().processes)
     return Evidence.from_processes(processes, observations=Observations())
 
 

@@ -24,6 +24,7 @@ Indices = Union[Sequence[int], IndexArray]
 
 COMPRESSION_LEVEL = 1  # gaps are small; level 6 saves a fifth of the bytes at seven times the time
 PART_SEPARATOR = ";"
+EMPTY = "u1,0,"  # the empty multiset
 _GAP_TYPES = ("u1", "u2", "u4", "u8")
 
 
@@ -35,7 +36,7 @@ def encode_indices(indices: Indices) -> str:
     """The multiset of ``indices`` (order dropped, duplicates kept) as one encoded part."""
     ordered = np.sort(as_index_array(indices))
     if not ordered.size:
-        return "u1,0,"
+        return EMPTY
     gaps = np.diff(ordered)
     largest = int(gaps.max()) if gaps.size else 0
     code = next(c for c in _GAP_TYPES if largest <= np.iinfo(np.dtype(c)).max)
@@ -45,11 +46,9 @@ def encode_indices(indices: Indices) -> str:
 
 def decode_array(encoded: str) -> IndexArray:
     """Inverse of :func:`encode_indices` (and of :func:`merge_encoded`): the sorted indices."""
-    parts = [_decode_part(p) for p in encoded.split(PART_SEPARATOR)]
-    if len(parts) == 1:
-        return parts[0]
+    values = decode_unsorted(encoded)
     # Each part is sorted: a stable sort of the runs merges them in about linear time.
-    return np.sort(np.concatenate(parts), kind="stable")
+    return np.sort(values, kind="stable") if PART_SEPARATOR in encoded else values
 
 
 def decode_unsorted(encoded: str) -> IndexArray:
@@ -77,8 +76,8 @@ def decode_indices(encoded: str) -> list[int]:
 
 def merge_encoded(parts: Iterable[str]) -> str:
     """The encoding of the multiset union of several encodings: their parts side by side."""
-    kept = [p for p in parts if p and p != "u1,0,"]
-    return PART_SEPARATOR.join(kept) if kept else "u1,0,"
+    kept = [p for p in parts if p and p != EMPTY]
+    return PART_SEPARATOR.join(kept) if kept else EMPTY
 
 
 def order_hash(indices: Indices) -> str:

@@ -53,8 +53,8 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
     amp.install(rec, ledger)
     syncbn.install(rec, ledger)
     for owner in (torch, torch.serialization):
-        patch(rec, "device", owner, "load", wrap_load(ledger), layer=True)
-    patch(rec, "device", pin_memory_module, "pin_memory", wrap_pin_memory(ledger), layer=True)
+        patch(rec, "device", owner, "load", wrap_load(ledger))
+    patch(rec, "device", pin_memory_module, "pin_memory", wrap_pin_memory(ledger))
     device_mode = CpuDeviceMode(ledger)
     device_mode.__enter__()
 

@@ -51,5 +51,5 @@ def install(rec: Recorder, ledger: Ledger) -> None:
 
         return __init__
 
-    patch(rec, PROBE, autocast, "__init__", wrap_autocast, layer=True)
-    patch(rec, PROBE, GradScaler, "__init__", wrap_scaler, layer=True)
+    patch(rec, PROBE, autocast, "__init__", wrap_autocast)
+    patch(rec, PROBE, GradScaler, "__init__", wrap_scaler)

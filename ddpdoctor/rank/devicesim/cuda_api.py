@@ -285,7 +285,7 @@ def _replace(rec: Recorder, owner: Any, name: str, value: Any) -> None:
         def value(*args: Any, **kwargs: Any) -> Any:
             return shared(*args, **kwargs)
 
-    patch(rec, "device", owner, name, lambda _original: value, layer=True)
+    patch(rec, "device", owner, name, lambda _original: value)
 
 
 __all__ = ["SimulatedDevices", "SimulatedEvent", "SimulatedStream", "install", "local_device_count", "is_cuda"]

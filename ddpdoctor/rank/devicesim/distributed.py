@@ -67,8 +67,8 @@ def install(rec: Recorder, ledger: Ledger) -> None:
         return new_group
 
     for owner in (dist, c10d):
-        patch(rec, PROBE, owner, "init_process_group", wrap_init, layer=True)
-        patch(rec, PROBE, owner, "new_group", wrap_new_group, layer=True)
+        patch(rec, PROBE, owner, "init_process_group", wrap_init)
+        patch(rec, PROBE, owner, "new_group", wrap_new_group)
 
     def wrap_ddp_init(original):
         def __init__(self, module, *args, **kwargs):
@@ -89,7 +89,7 @@ def install(rec: Recorder, ledger: Ledger) -> None:
 
         return __init__
 
-    patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_ddp_init, layer=True)
+    patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_ddp_init)
     _install_device_mesh(rec, ledger)
 
 
@@ -109,4 +109,4 @@ def _install_device_mesh(rec: Recorder, ledger: Ledger) -> None:
         return init_device_mesh
 
     if hasattr(device_mesh, "init_device_mesh"):
-        patch(rec, PROBE, device_mesh, "init_device_mesh", wrap, layer=True)
+        patch(rec, PROBE, device_mesh, "init_device_mesh", wrap)

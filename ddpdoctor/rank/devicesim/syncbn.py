@@ -84,7 +84,7 @@ def install(rec: Recorder, ledger: Ledger) -> None:
 
         return forward
 
-    patch(rec, PROBE, torch.nn.SyncBatchNorm, "forward", wrap_forward, layer=True)
+    patch(rec, PROBE, torch.nn.SyncBatchNorm, "forward", wrap_forward)
 
     def wrap_ddp_check(original):
         def _passing_sync_batchnorm_handle(self, module):
@@ -94,4 +94,4 @@ def install(rec: Recorder, ledger: Ledger) -> None:
 
         return _passing_sync_batchnorm_handle
 
-    patch(rec, PROBE, DistributedDataParallel, "_passing_sync_batchnorm_handle", wrap_ddp_check, layer=True)
+    patch(rec, PROBE, DistributedDataParallel, "_passing_sync_batchnorm_handle", wrap_ddp_check)

@@ -12,21 +12,24 @@ from typing import Any, Callable
 from ddpdoctor.rank.recorder import Recorder
 
 _PATCHES: list[tuple[Any, str, Any]] = []
+_WRAPPED_BY = "__ddpdoctor_wrapped__"  # on a wrapper: the probes whose wrappers it holds, its own included
 
 
-def patch(rec: Recorder, probe: str, owner: Any, name: str, make_wrapper: Callable[[Any], Any], *,
-          layer: bool = False) -> None:
-    """Replace ``owner.name`` by ``make_wrapper(original)``; idempotent per attribute.
+def patch(rec: Recorder, probe: str, owner: Any, name: str, make_wrapper: Callable[[Any], Any]) -> None:
+    """Replace ``owner.name`` by ``make_wrapper(original)``; idempotent per probe and attribute.
 
-    ``layer=True``: the wrapper stays unmarked, so a probe installed later wraps it in turn instead of
-    skipping it (device simulation sits under the probes: they see the script's own arguments)."""
+    A probe installed twice wraps once; different probes on one attribute stack, the first installed
+    innermost (device simulation installs first, so the other probes see the script's own arguments).
+    """
     original = getattr(owner, name, None)
     if original is None:
         owner_name = getattr(owner, "__name__", type(owner).__name__)
         rec.probe_failed(probe, AttributeError(f"{owner_name}.{name} does not exist in this torch version"),
                          target=f"{owner_name}.{name}", phase="install")
         return
-    if getattr(original, "__ddpdoctor_wrapped__", False):
+    wrapped_by = getattr(original, _WRAPPED_BY, None)
+    wrapped_by = wrapped_by if isinstance(wrapped_by, frozenset) else frozenset()
+    if probe in wrapped_by:
         return
     wrapper = make_wrapper(original)
     if callable(wrapper) and not isinstance(wrapper, type):
@@ -34,7 +37,7 @@ def patch(rec: Recorder, probe: str, owner: Any, name: str, make_wrapper: Callab
             functools.update_wrapper(wrapper, original)
         except (AttributeError, TypeError):
             pass
-        wrapper.__ddpdoctor_wrapped__ = not layer
+        setattr(wrapper, _WRAPPED_BY, wrapped_by | {probe})
     _PATCHES.append((owner, name, original))
     setattr(owner, name, wrapper)
 
