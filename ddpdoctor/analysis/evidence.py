@@ -150,5 +150,6 @@ def parse_lines(lines: Iterable[str], pool: Optional[dict[str, str]] = None) -> 
             continue
         if isinstance(event, Step):
             event.grads, event.params = intern(event.grads, pool), intern(event.params, pool)
+            event.config = intern(event.config, pool)
         events.append(event)
     return events

@@ -23,6 +23,7 @@ __all__ = [
     "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
     "ContentPass",
+    "ConfigState", "ModeChange", "ParamGroupsWrite", "ModuleConversion", "DDPRewrap", "DDPBypass", "CommHook",
 ]
 
 SCHEMA_VERSION = 3  # 3: step fingerprints as encoded strings
@@ -38,6 +39,7 @@ class Event:
 
     kind: ClassVar[str] = ""
     nested: ClassVar[dict[str, type]] = {}  # field -> dataclass of a nested typed value
+    omit_if_none: ClassVar[frozenset[str]] = frozenset()  # fields left out of the JSON line while None
 
     t: float = 0.0
     rank: Optional[int] = None
@@ -48,6 +50,8 @@ class Event:
         out: dict[str, Any] = {"kind": self.kind}
         for name in _field_names(type(self)):
             value = getattr(self, name)
+            if value is None and name in self.omit_if_none:
+                continue
             out[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
         return out
 
@@ -218,6 +222,11 @@ class OptimizerInfo(Event):
     ddp_of: list = field(default_factory=list)  # per parameter: index of its DDP module, or None
     shapes: list = field(default_factory=list)
     site: Site = field(default_factory=list)
+    # Where the optimizer was constructed (``site`` is where it first stepped); from which of its own
+    # steps this description holds (written again when param groups are added); parameters per group.
+    built_at: Site = field(default_factory=list)
+    n: int = 1
+    group_sizes: list = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -230,12 +239,19 @@ class Step(Event):
     """
 
     kind: ClassVar[str] = "step"
+    omit_if_none: ClassVar[frozenset[str]] = frozenset({"config", "touched", "reduced"})
     opt: int = 0
     n: int = 0
     grads: Optional[str] = None  # encoded fingerprints (schema/fingerprints.py), None when not sampled
     params: Optional[str] = None
     forwards: dict = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
+    # On sampled steps: a digest of what must agree across ranks (ConfigState holds the detail);
+    # how many of the gradients were replaced or changed in place after DDP's all-reduce finished
+    # (None: not known); their fingerprints as the all-reduce left them when that is not 0.
+    config: Optional[str] = None
+    touched: Optional[int] = None
+    reduced: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -442,6 +458,114 @@ class CollectiveBenchmark(Event):
     skipped: list = field(default_factory=list)  # [{op, reason}]
 
 
+# -- training configuration: config-sync, optimizer-params, causes of divergence --------------------
+
+@dataclass(kw_only=True, slots=True)
+class ConfigState(Event):
+    """What must agree across ranks for the steps of one optimizer, written when its digest
+    (``Step.config``) changes on this process: the detail that explains a mismatch.
+
+    ``groups``: per param group, every number and flag (``params`` left out); ``modules``: per DDP
+    module it steps (str index) {"count", "eval": {type: n}, "flips": [[name, type, training]]
+    where a module's mode differs from its parent's (the wrapper counts as the parent of the root)};
+    ``frozen``: per DDP module {"count", "frozen", "names": module prefixes or names}; ``autocast``:
+    per DDP module [enabled, dtype] at its last training forward; ``scale``: a GradScaler's scale.
+    """
+
+    kind: ClassVar[str] = "config"
+    opt: int = 0
+    n: int = 0
+    digest: str = ""
+    groups: list = field(default_factory=list)
+    modules: dict = field(default_factory=dict)
+    frozen: dict = field(default_factory=dict)
+    autocast: dict = field(default_factory=dict)
+    scale: Optional[float] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class ModeChange(Event):
+    """``Module.train()``/``eval()`` changed a module's mode: once per call site, mode and module.
+    ``ddp``/``name``: the DDP module it belongs to and its name there ("" the wrapped module,
+    "(wrapper)" the DDP wrapper), None when it is not inside a DDP module (yet)."""
+
+    kind: ClassVar[str] = "mode_change"
+    ddp: Optional[int] = None
+    name: Optional[str] = None
+    type_name: str = ""
+    training: bool = True
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class ParamGroupsWrite(Event):
+    """An optimizer's hyperparameters changed before its step ``n``: once per optimizer, keys and
+    writers. ``sites``: the candidate writers since the previous step, each with its ``via``:
+    "scheduler" (an LR scheduler's step was called there) or "param_groups" (user code read
+    ``optimizer.param_groups`` there, the writer among them); ``via``: the first one's, "unknown"
+    without any; ``keys``: [[group, key]] that changed."""
+
+    kind: ClassVar[str] = "param_groups_write"
+    opt: int = 0
+    n: int = 0
+    keys: list = field(default_factory=list)
+    via: str = ""
+    sites: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class ModuleConversion(Event):
+    """A DDP module (or a module inside one) converted or moved after wrapping: ``method`` of
+    ``nn.Module`` ("to", "half", "float", "cpu", "cuda"...), ``target`` what it asked for;
+    ``swapped``: its parameters got new storage (DDP's hooks and buckets still hold the old);
+    ``device_move``: it asked for a device. Once per call site and method."""
+
+    kind: ClassVar[str] = "module_conversion"
+    ddp: int = 0
+    method: str = ""
+    target: str = ""
+    device_move: bool = False
+    swapped: bool = False
+    dtype_before: str = ""
+    dtype_after: str = ""
+    device_before: str = ""
+    device_after: str = ""
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class DDPRewrap(Event):
+    """DistributedDataParallel constructed (as DDP module ``ddp``) around a module that DDP module
+    ``previous`` already wraps."""
+
+    kind: ClassVar[str] = "ddp_rewrap"
+    ddp: int = 0
+    previous: int = 0
+
+
+@dataclass(kw_only=True, slots=True)
+class DDPBypass(Event):
+    """A forward of the wrapped module with gradients enabled that did not go through its DDP
+    wrapper (``model.module(x)``): once per DDP module and call site. ``forwards``: such forwards
+    of that module so far."""
+
+    kind: ClassVar[str] = "ddp_bypass"
+    ddp: int = 0
+    forwards: int = 0
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class CommHook(Event):
+    """A communication hook registered on a DDP module (``register_comm_hook``)."""
+
+    kind: ClassVar[str] = "comm_hook"
+    ddp: Optional[int] = None
+    name: str = ""
+    module: str = ""
+    site: Site = field(default_factory=list)
+
+
 EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
@@ -449,7 +573,8 @@ EVENT_KINDS: dict[str, type[Event]] = {
                 DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective, JoinEvent, Save,
                 Load, DistributedCheckpoint,
                 RankEnvironment, RankDevices, CollectiveBenchmark,
-                ContentPass)
+                ContentPass,
+                ConfigState, ModeChange, ParamGroupsWrite, ModuleConversion, DDPRewrap, DDPBypass, CommHook)
 }
 
 

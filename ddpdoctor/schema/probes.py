@@ -8,7 +8,7 @@ ALL_CHECKS = "*"
 PROBE_CHECKS: dict[str, tuple[str, ...]] = {
     "lifecycle": (ALL_CHECKS,),
     "ddp": ("gradient-sync", "buffer-sync", "unused-parameters", "uneven-inputs", "sampler-disjoint"),
-    "optimizer": ("gradient-sync", "unused-parameters", "uneven-inputs"),
+    "optimizer": ("gradient-sync", "unused-parameters", "uneven-inputs", "config-sync", "optimizer-params"),
     "collectives": ("collective-hang", "rank0-checkpoint"),
     "data": ("sampler-disjoint", "set-epoch", "uneven-inputs"),
     "join": ("uneven-inputs",),
@@ -18,6 +18,8 @@ PROBE_CHECKS: dict[str, tuple[str, ...]] = {
     "environment": ("env-consistency",),
     "device": (ALL_CHECKS,),  # a GPU script that is not simulated cannot run on a CPU-only machine at all
     "content": ("sampler-disjoint", "set-epoch"),
+    "config": ("config-sync", "optimizer-params"),
+    "wrapping": ("gradient-sync",),
 }
 
 

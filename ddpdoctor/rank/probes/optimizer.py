@@ -10,6 +10,12 @@ Two patterns real code uses shape this probe:
   its parameters are what must be equal across ranks;
 - ``optimizer.step(closure)`` (LBFGS, Lightning) runs backward inside the step, after the pre-step
   hook: gradients are read after the step then, when they are final.
+
+Every step also compares the param groups' values with the previous step's (a write names its
+line, :mod:`ddpdoctor.rank.probes.config`). Sampled steps carry a digest of what must agree across
+ranks (``Step.config``, the detail in a ``ConfigState`` when it changes) and whether the gradients
+are still those DDP's all-reduce left (:mod:`ddpdoctor.rank.probes.wrapping`): then its snapshot
+stands for them and the gradients are not read a second time.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpdoctor.rank import bounds, callsite
 from ddpdoctor.rank import fingerprint as fingerprints
+from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes import wrapping
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.events import OptimizerInfo, Step
+from ddpdoctor.schema.events import ConfigState, OptimizerInfo, Step
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
 
@@ -42,6 +50,12 @@ class _OptimizerState:
         self.pending_grads: Optional[fingerprints.Pending] = None
         self.sampled = False
         self.closure = False
+        self.structure: tuple = ()  # parameters per group, as last described
+        self.watch: Optional[config_probe.ParamGroupsWatch] = None
+        self.config: Optional[tuple] = None  # (digest function's inputs) captured before a sampled step
+        self.last_digest: Optional[str] = None
+        self.reduced: Optional[wrapping.Reduced] = None
+        self.scale: Optional[fingerprints.Pending] = None
 
     def forwards_since_last_step(self) -> dict[str, dict[str, int]]:
         out = {}
@@ -92,9 +106,18 @@ def install(rec: Recorder) -> Callable[[], None]:
         rec.set_activity("optimizer.step")
         state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
         state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
-        state.pending_grads = None
+        state.pending_grads = state.reduced = state.scale = state.config = None
+        with rec.guard(PROBE, "param_groups"):
+            _watch_param_groups(rec, state, optimizer)
+        if state.sampled:
+            with rec.guard(PROBE, "config"):
+                _capture_config(state, optimizer)
         if state.sampled and not state.closure:
-            state.pending_grads = fingerprints.start([p.grad for p in _params_of(optimizer)])
+            params = _params_of(optimizer)
+            with rec.guard(PROBE, "reduced gradients"):
+                state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
+            if state.reduced is None or not state.reduced.reusable:
+                state.pending_grads = fingerprints.start([p.grad for p in params])
 
     def after_step(optimizer) -> None:
         if not outer or outer[-1] is not optimizer:
@@ -108,13 +131,11 @@ def install(rec: Recorder) -> Callable[[], None]:
                     closure=state.closure)
         if state.sampled:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
-                params = _params_of(optimizer)
-                grads = state.pending_grads if not state.closure else fingerprints.start([p.grad for p in params])
-                if grads is not None:  # one host copy for the gradients and the parameters together
-                    grad_values, param_values = fingerprints.resolve(grads, fingerprints.start(params))
-                    step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
+                _fingerprint_step(rec, state, optimizer, step)
         rec.emit(step)
-        state.pending_grads = None
+        state.pending_grads = state.reduced = state.scale = state.config = None
+        with rec.guard(PROBE, "reduced gradients"):
+            wrapping.stepped(sorted(state.owned_ddp), should_fingerprint(state.num_steps + 1, rec.fingerprint_every))
         rec.set_activity("training")
 
     def pre_hook(optimizer, args, kwargs):
@@ -138,6 +159,14 @@ def install(rec: Recorder) -> Callable[[], None]:
 def _new_state(rec: Recorder, index: int, optimizer: torch.optim.Optimizer) -> _OptimizerState:
     """Describe an optimizer at its first step: parameter names (DDP's, else found once among live
     modules) and which DDP module owns each."""
+    state = _OptimizerState(index, set())
+    _describe(rec, state, optimizer, site=callsite.caller_site(2))
+    with rec.guard(PROBE, "param_groups"):
+        state.watch = config_probe.ParamGroupsWatch(optimizer)
+    return state
+
+
+def _describe(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, *, site: list) -> None:
     params = _params_of(optimizer)
     names = [ddp_probe.PARAM_NAMES.get(id(p)) for p in params]
     ddp_of = [ddp_probe.PARAM_DDP.get(id(p)) for p in params]
@@ -145,9 +174,78 @@ def _new_state(rec: Recorder, index: int, optimizer: torch.optim.Optimizer) -> _
     if not all(in_ddp):
         fallback = _names_from_live_modules({id(p) for p, ok in zip(params, in_ddp) if not ok})
         names = [n if n is not None else fallback.get(id(p), f"param{i}") for i, (n, p) in enumerate(zip(names, params))]
-    rec.emit(OptimizerInfo(opt=index, type_name=type(optimizer).__name__, names=names, in_ddp=in_ddp, ddp_of=ddp_of,
-                           shapes=[list(p.shape) for p in params], site=callsite.caller_site(2)))
-    return _OptimizerState(index, {d for d in ddp_of if d is not None})
+    state.structure = tuple(len(g["params"]) for g in optimizer.param_groups)
+    state.owned_ddp = {d for d in ddp_of if d is not None}
+    rec.emit(OptimizerInfo(opt=state.index, type_name=type(optimizer).__name__, names=names, in_ddp=in_ddp,
+                           ddp_of=ddp_of, shapes=[list(p.shape) for p in params], site=site,
+                           built_at=config_probe.built_site(optimizer), n=max(1, state.num_steps),
+                           group_sizes=list(state.structure)))
+
+
+def _watch_param_groups(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer) -> None:
+    """Before every step: a param group added since the previous one (described again), a value
+    written (its writer recorded once)."""
+    if tuple(len(g["params"]) for g in optimizer.param_groups) != state.structure:
+        _describe(rec, state, optimizer, site=callsite.caller_site(2))
+    if state.watch is not None:
+        write = state.watch.check(optimizer, state.index, state.num_steps)
+        if write is not None:
+            rec.emit(write)
+
+
+def _capture_config(state: _OptimizerState, optimizer: torch.optim.Optimizer) -> None:
+    """Before a sampled step, what the digest covers (the values this step uses); a GradScaler's
+    scale is read with the fingerprints, in the same host copy."""
+    scaler = _grad_scaler()
+    scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
+    if isinstance(scale, torch.Tensor):
+        state.scale = fingerprints.start([scale])
+    state.config = config_probe.capture(optimizer, sorted(state.owned_ddp), None)
+
+
+def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, step: Step) -> None:
+    """Fill a sampled step's fingerprints (one host copy for everything) and its config digest."""
+    params = _params_of(optimizer)
+    grads = state.pending_grads
+    if state.closure:
+        grads = fingerprints.start([p.grad for p in params])
+    reduced = state.reduced if not state.closure else None
+    extra = [*(reduced.pendings if reduced is not None else []), *([state.scale] if state.scale is not None else [])]
+    if grads is None and reduced is None:
+        return
+    resolved = fingerprints.resolve(*([grads] if grads is not None else []), fingerprints.start(params), *extra)
+    grad_values = resolved.pop(0) if grads is not None else None
+    param_values = resolved.pop(0)
+    scale_value = resolved.pop()[0][1] if state.scale is not None else None
+    if reduced is not None:
+        as_reduced = reduced.values(resolved, grad_values)
+        step.touched = reduced.touched
+        if grad_values is None:
+            grad_values = as_reduced
+        else:
+            step.reduced = encode_fingerprints(as_reduced)
+    step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
+    if state.config is not None:
+        digest, detail = state.config
+        if scale_value is not None:
+            digest = f"{digest}:{scale_value!r}"
+        step.config = digest
+        if digest != state.last_digest:
+            state.last_digest = digest
+            rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest, **{**detail(), "scale": scale_value}))
+
+
+def _grad_scaler() -> Optional[torch.amp.GradScaler]:
+    """The GradScaler whose ``step()`` is stepping this optimizer, found on the stack."""
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return None
+        candidate = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if isinstance(candidate, torch.amp.GradScaler):
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 def _names_from_live_modules(wanted: set[int]) -> dict[int, str]:

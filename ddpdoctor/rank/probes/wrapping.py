@@ -1,0 +1,346 @@
+"""Probes on how a DDP module is used after wrapping: what gradient-sync needs to name the cause
+of a divergence, and the gradients as DDP's all-reduce left them.
+
+- DDP constructed again around a module another DDP already wraps (``DDPRewrap``);
+- forwards of the wrapped module with gradients enabled outside its wrapper (``DDPBypass``, the
+  line of the first such forward per call site);
+- ``nn.Module.to/half/float/cpu/cuda/...`` on a DDP module after wrapping (``ModuleConversion``):
+  its parameters get new storage while DDP's hooks and buckets keep the old. Under the CUDA
+  simulation a device move changes nothing on the CPU, so the call itself is recorded;
+- communication hooks (``register_comm_hook``);
+- on sampled iterations, the gradients at the end of DDP's backward, after its all-reduce finished
+  and before any user code ran: an autograd callback queued from a hook on the forward's output
+  queues a second one, which runs after the callback DDP queues to finish its reduction. The
+  optimizer probe compares them with the gradients it fingerprints before the step: when no
+  gradient was replaced or changed in place in between, it reuses them instead of reading the
+  gradients again.
+
+Per forward: two module hooks and a flag (a third, the output hook, on sampled iterations only).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_leaves
+
+from ddpdoctor.rank import callsite
+from ddpdoctor.rank import fingerprint as fingerprints
+from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.schema.events import CommHook, DDPBypass, DDPRewrap, ModuleConversion
+
+PROBE = "wrapping"
+CONVERSIONS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "xpu", "mtia", "ipu"})
+MAX_OUTPUT_HOOKS = 8
+
+
+@dataclass
+class Snapshot:
+    """One DDP module's gradients at the end of a synchronized backward."""
+
+    pending: fingerprints.Pending
+    grads: list  # per parameter: (weakref to its grad, version) or None
+    owner_steps: int  # OWNER_STEPS of this DDP module when taken: valid until one of its optimizers steps
+
+
+@dataclass
+class _Wrapped:
+    index: int
+    ddp: "weakref.ref[DistributedDataParallel]"
+    params: list  # parameters that required grad at wrapping, in DDP's order
+    positions: dict = field(default_factory=dict)  # id(parameter) -> position in params
+    bypasses: int = 0
+    bypass_sites: set = field(default_factory=set)
+
+
+WRAPPED: dict[int, _Wrapped] = {}  # DDP index ->
+BY_OBJECT: dict[int, int] = {}  # id(DDP wrapper) -> DDP index
+ROOTS: dict[int, int] = {}  # id(wrapper or wrapped module) -> DDP index: what a conversion must reach
+INNER: dict[int, tuple] = {}  # id(wrapped module) -> (weakref to it, first DDP index wrapping it)
+SNAPSHOTS: dict[int, Snapshot] = {}
+NEXT_SAMPLED: dict[int, bool] = {}  # DDP index -> whether its optimizers' next step is fingerprinted
+OWNER_STEPS: dict[int, int] = {}  # DDP index -> steps of optimizers owning it so far
+OWNED: set[int] = set()  # DDP modules an optimizer stepped (the others are snapshot once, not every iteration)
+
+
+class _Depth:
+    ddp_forward = 0  # inside a DDP wrapper's forward: the wrapped module's forward is not a bypass
+    apply = 0
+    hits: Optional[set] = None
+
+
+def install(rec: Recorder) -> Callable[[], None]:
+    ddp_probe.ATTACH_LISTENERS.append(lambda ddp, state: _attach(rec, ddp, state))
+    listener = ddp_probe.ATTACH_LISTENERS[-1]
+
+    def wrap_apply(original):
+        def _apply(self, fn, *args, **kwargs):
+            if _Depth.apply:
+                if _Depth.hits is not None and id(self) in ROOTS:
+                    _Depth.hits.add(ROOTS[id(self)])
+                return original(self, fn, *args, **kwargs)
+            _Depth.apply += 1
+            _Depth.hits = set()
+            before = {}
+            if WRAPPED:
+                if id(self) in ROOTS:
+                    _Depth.hits.add(ROOTS[id(self)])
+                before = {i: _first_param_state(w) for i, w in WRAPPED.items()}
+            try:
+                return original(self, fn, *args, **kwargs)
+            finally:
+                hits, _Depth.hits = _Depth.hits, None
+                _Depth.apply -= 1
+                if hits:
+                    with rec.guard(PROBE, "Module._apply"):
+                        _converted(rec, hits, before, sys._getframe(1))
+
+        return _apply
+
+    patch(rec, PROBE, torch.nn.Module, "_apply", wrap_apply)
+
+    def wrap_register_comm_hook(original):
+        def register_comm_hook(self, state, hook):
+            with rec.guard(PROBE, "register_comm_hook"):
+                rec.emit(CommHook(ddp=BY_OBJECT.get(id(self)), name=getattr(hook, "__qualname__", type(hook).__name__),
+                                  module=str(getattr(hook, "__module__", "") or ""),
+                                  site=callsite.user_frames(sys._getframe(1), 2)))
+            return original(self, state, hook)
+
+        return register_comm_hook
+
+    patch(rec, PROBE, DistributedDataParallel, "register_comm_hook", wrap_register_comm_hook)
+
+    def finish() -> None:
+        if listener in ddp_probe.ATTACH_LISTENERS:
+            ddp_probe.ATTACH_LISTENERS.remove(listener)
+
+    return finish
+
+
+def _attach(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPState") -> None:
+    index = state.index
+    inner = ddp.module
+    params = [p for _, p in inner.named_parameters() if p.requires_grad]
+    wrapped = _Wrapped(index=index, ddp=weakref.ref(ddp), params=params,
+                       positions={id(p): i for i, p in enumerate(params)})
+    WRAPPED[index] = wrapped
+    BY_OBJECT[id(ddp)] = index
+    ROOTS[id(ddp)] = index
+    previous = INNER.get(id(inner))
+    first_wrap = previous is None or previous[0]() is not inner
+    if first_wrap:
+        INNER[id(inner)] = (weakref.ref(inner), index)
+        ROOTS[id(inner)] = index
+    else:
+        rec.emit(DDPRewrap(ddp=index, previous=previous[1]))
+
+    def enter(module, inputs):
+        _Depth.ddp_forward += 1
+
+    def leave(module, inputs, output):
+        _Depth.ddp_forward = max(0, _Depth.ddp_forward - 1)
+        if output is not None and torch.is_grad_enabled() and module.require_backward_grad_sync \
+                and NEXT_SAMPLED.get(index, True):
+            with rec.guard(PROBE, "reduced gradients"):
+                _hook_backward_end(rec, index, output)
+
+    ddp.register_forward_pre_hook(enter)
+    ddp.register_forward_hook(leave, always_call=True)
+    if first_wrap:
+        first = INNER[id(inner)][1]
+
+        def inner_forward(module, inputs):
+            if _Depth.ddp_forward or not torch.is_grad_enabled():
+                return
+            with rec.guard(PROBE, "bypass"):
+                _bypassed(rec, WRAPPED.get(first), sys._getframe(1))
+
+        inner.register_forward_pre_hook(inner_forward)
+
+
+def _bypassed(rec: Recorder, wrapped: Optional[_Wrapped], frame) -> None:
+    if wrapped is None:
+        return
+    wrapped.bypasses += 1
+    site = callsite.user_frames(frame, 2)
+    key = tuple((s["file"], s["line"]) for s in site[:1])
+    if key not in wrapped.bypass_sites:
+        wrapped.bypass_sites.add(key)
+        rec.emit(DDPBypass(ddp=wrapped.index, forwards=wrapped.bypasses, site=site))
+
+
+def _first_param_state(wrapped: _Wrapped) -> Optional[tuple]:
+    if not wrapped.params:
+        return None
+    p = wrapped.params[0]
+    return str(p.dtype), str(p.device), p.data_ptr() if p.device.type != "meta" else 0
+
+
+def _converted(rec: Recorder, hits: set, before: dict, frame) -> None:
+    """Record a conversion that reached DDP modules: which method, what it asked for, whether the
+    parameters got new storage."""
+    method_frame = frame
+    while method_frame is not None and method_frame.f_code.co_name == "_apply":
+        method_frame = method_frame.f_back
+    method = method_frame.f_code.co_name if method_frame is not None else ""
+    if method not in CONVERSIONS:
+        return
+    target, device_move = _target(method, method_frame.f_locals if method_frame is not None else {})
+    site = callsite.user_frames(method_frame, 2)
+    seen = getattr(rec, "_ddpdoctor_conversion_sites", None)
+    if seen is None:
+        seen = set()
+        setattr(rec, "_ddpdoctor_conversion_sites", seen)
+    for index in sorted(hits):
+        wrapped = WRAPPED.get(index)
+        if wrapped is None:
+            continue
+        old, new = before.get(index), _first_param_state(wrapped)
+        key = (index, method, tuple((s["file"], s["line"]) for s in site[:1]))
+        if key in seen:
+            continue
+        seen.add(key)
+        rec.emit(ModuleConversion(
+            ddp=index, method=method, target=target, device_move=device_move, swapped=old is not None and old != new,
+            dtype_before=old[0] if old else "", dtype_after=new[0] if new else "",
+            device_before=old[1] if old else "", device_after=new[1] if new else "", site=site))
+
+
+def _target(method: str, frame_locals: dict) -> tuple[str, bool]:
+    """What a conversion asked for, from its method and (for ``to``) its own arguments."""
+    if method in ("cuda", "cpu", "xpu", "mtia", "ipu"):
+        return method, True
+    if method in ("half", "float", "double", "bfloat16"):
+        return {"half": "torch.float16", "float": "torch.float32", "double": "torch.float64",
+                "bfloat16": "torch.bfloat16"}[method], False
+    values = list(frame_locals.get("args", ())) + list((frame_locals.get("kwargs") or {}).values())
+    if method == "type":
+        values = [frame_locals.get("dst_type")]
+    parts, device_move = [], False
+    for value in values:
+        if isinstance(value, torch.dtype):
+            parts.append(str(value))
+        elif isinstance(value, torch.Tensor):
+            parts.append(f"like a {value.dtype} tensor on {value.device}")
+            device_move = True
+        elif isinstance(value, (str, torch.device)) or (isinstance(value, int) and not isinstance(value, bool)):
+            parts.append(str(value))
+            device_move = True
+    return ", ".join(parts), device_move
+
+
+def _hook_backward_end(rec: Recorder, index: int, output: Any) -> None:
+    """Hooks on the forward's outputs that, at the start of their backward, queue the snapshot to
+    run once DDP finished reducing."""
+    queued = [False]
+
+    def at_backward_start(grad):
+        if queued[0]:
+            return None
+        queued[0] = True
+        try:
+            engine = torch.autograd.Variable._execution_engine
+            # Queued now, this runs before the callback DDP queues later in this backward; from it, the
+            # snapshot is queued behind DDP's.
+            engine.queue_callback(lambda: _queue_snapshot(rec, engine, index))
+        except Exception as exc:
+            rec.probe_failed(PROBE, exc, target="reduced gradients")
+        return None
+
+    count = 0
+    for leaf in tree_leaves(output):
+        if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
+            leaf.register_hook(at_backward_start)
+            count += 1
+            if count >= MAX_OUTPUT_HOOKS:
+                break
+
+
+def _queue_snapshot(rec: Recorder, engine, index: int) -> None:
+    try:
+        engine.queue_callback(lambda: _snapshot(rec, index))
+    except Exception as exc:
+        rec.probe_failed(PROBE, exc, target="reduced gradients")
+
+
+def _snapshot(rec: Recorder, index: int) -> None:
+    with rec.guard(PROBE, "reduced gradients"):
+        wrapped = WRAPPED.get(index)
+        if wrapped is None:
+            return
+        grads = [p.grad for p in wrapped.params]
+        refs = [(weakref.ref(g), g._version) if g is not None else None for g in grads]
+        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start(grads), grads=refs,
+                                    owner_steps=OWNER_STEPS.get(index, 0))
+        if index not in OWNED:
+            NEXT_SAMPLED[index] = False
+
+
+def reduced_for(params: list, ddp_indices: list[int]) -> Optional["Reduced"]:
+    """How the gradients of an optimizer about to step ``params`` compare with DDP's snapshots of
+    its modules; None when no valid snapshot covers any of them."""
+    snapshots = []
+    numbers: dict[int, int] = {}
+    for index in ddp_indices:
+        snap = SNAPSHOTS.get(index)
+        if snap is not None and snap.owner_steps == OWNER_STEPS.get(index, 0):
+            numbers[index] = len(snapshots)
+            snapshots.append((index, snap))
+    if not snapshots:
+        return None
+    where: list = []
+    touched = uncovered = 0
+    for p in params:
+        found = None
+        for index, snap in snapshots:
+            position = WRAPPED[index].positions.get(id(p))
+            if position is not None:
+                found = (numbers[index], position)
+                grad, ref = p.grad, snap.grads[position]
+                if (grad is None) != (ref is None) or (grad is not None and (ref[0]() is not grad or ref[1] != grad._version)):
+                    touched += 1
+                break
+        if found is None:
+            uncovered += 1
+        where.append(found)
+    return Reduced(touched=touched, uncovered=uncovered, pendings=[snap.pending for _, snap in snapshots], where=where)
+
+
+@dataclass
+class Reduced:
+    """An optimizer's gradients against the end of DDP's backward: ``touched`` changed since,
+    ``uncovered`` not reduced by a DDP module with a snapshot, ``where`` per parameter
+    (snapshot number, position) or None."""
+
+    touched: int
+    uncovered: int
+    pendings: list
+    where: list
+
+    @property
+    def reusable(self) -> bool:
+        """The snapshots hold every gradient exactly as the optimizer will see it."""
+        return self.touched == 0 and self.uncovered == 0
+
+    def values(self, resolved: list[list], before_step: Optional[list]) -> list:
+        """Per parameter, its gradient's fingerprint as DDP left it (an uncovered one's: as read
+        before the step)."""
+        return [resolved[w[0]][w[1]] if w is not None else (before_step[i] if before_step else None)
+                for i, w in enumerate(self.where)]
+
+
+def stepped(ddp_indices: list[int], next_sampled: bool) -> None:
+    """An optimizer owning these DDP modules stepped: their snapshots are spent."""
+    for index in ddp_indices:
+        OWNED.add(index)
+        OWNER_STEPS[index] = OWNER_STEPS.get(index, 0) + 1
+        SNAPSHOTS.pop(index, None)
+        NEXT_SAMPLED[index] = next_sampled
