@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
-from ddpdoctor.analysis.compare import relative_difference
+from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import Divergence
-from ddpdoctor.schema.events import Step
+from ddpdoctor.schema.events import (CommHook, DDPBypass, DDPRewrap, DDPWrap, DeviceSimulation, InitProcessGroup,
+                                     ModuleConversion, Step)
+from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.sampling import describe
 
-from ._common import fmt_ranks
+from ._common import fmt_ranks, short_site
 
 ID = "gradient-sync"
 
@@ -22,11 +25,24 @@ after it, on every rank, and compares them across ranks. It names the first step
 differ, the ranks, the size of the difference, and which case it is:
 
 - **gradients differ**: DDP did not average them. The model is not wrapped in
-  DistributedDataParallel, the forward pass called `model.module(...)` and bypassed DDP's hooks,
-  the optimizer stepped inside `no_sync()`, or a parameter lives outside the DDP module.
+  DistributedDataParallel, the forward pass called `model.module(...)` and bypassed DDP's hooks
+  (the finding points at that forward), DDP was constructed again around the same module and the
+  forward alternates between a wrapper and the bare module, the optimizer stepped inside
+  `no_sync()`, a parameter lives outside the DDP module, or the wrapped model was converted or
+  moved after wrapping (`.to(dtype)`, `.half()`, `.float()`, `.cpu()`, `.cuda()`: its parameters
+  get new storage while DDP's hooks and buckets keep the old tensors).
+- **gradients differ as they come out of DDP's all-reduce**: nothing changed them between the
+  end of the backward pass and the step; the registered communication hook, or the interconnect,
+  returned different results on some ranks.
+- **gradients changed after the all-reduce**: user code (clipping, scaling, masking) modified them
+  on some ranks only.
 - **gradients equal, parameters differ**: something changed the weights outside the optimizer on
   some ranks (in-place edits on one rank, rank-dependent learning rate or weight decay, a checkpoint
   loaded on rank 0 only after wrapping).
+
+Under the CUDA simulation of a CPU-only machine, moving the wrapped model to the CPU and back
+changes nothing, so the gradients still agree there; the round trip itself is reported as the
+GPU bug it is.
 
 ## Why it matters
 DDP is only data parallelism if every replica stays identical. Once they drift, each rank trains
@@ -52,8 +68,9 @@ identically on every rank.
 """
 
 
-def _param_name(evidence: Evidence, rank: int, opt: int, index: int) -> tuple[str, bool, Optional[int]]:
-    info = evidence.facts.optimizer_info(rank, opt)
+def _param_name(evidence: Evidence, rank: int, opt: int, index: int, n: Optional[int] = None
+                ) -> tuple[str, bool, Optional[int]]:
+    info = evidence.facts.optimizer_info(rank, opt, n)
     if info is not None and index < len(info.names):
         ddp_of = info.ddp_of[index] if index < len(info.ddp_of) else None
         return info.names[index], bool(info.in_ddp[index]), ddp_of
@@ -65,34 +82,181 @@ def _optimizer_site(evidence: Evidence, rank: int, opt: int) -> Optional[Locatio
     return Location.from_site(info.site) if info else None
 
 
-def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Optional[int]) -> tuple[str, str, str]:
-    """(case id, explanation, fix) for gradients that differ across ranks."""
+@dataclass
+class _Case:
+    case: str
+    why: str
+    fix: str
+    location: Optional[Location] = None
+    extra: dict = field(default_factory=dict)
+
+
+CONVERSION_FIX = ("Convert or move the model before wrapping it in DistributedDataParallel, never the wrapped model: "
+                  "evaluate in lower precision under `torch.autocast` (or on a separate copy of the module), and to "
+                  "change devices build a new DDP around the moved module.")
+
+
+def _call(event: ModuleConversion) -> str:
+    args = event.target if event.method in ("to", "type") else ""
+    return f"`.{event.method}({args})` at {short_site(Location.from_site(event.site))}"
+
+
+def _conversions(evidence: Evidence, ranks, before: dict[int, int]) -> list[ModuleConversion]:
+    """Conversions that gave a DDP module's parameters new storage, before each rank's step."""
+    found: dict[tuple, ModuleConversion] = {}
+    for rank in ranks:
+        for event in evidence.ranks[rank].of(ModuleConversion):
+            if event.swapped and event.step < before.get(rank, 1 << 62):
+                found.setdefault((event.method, Location.from_site(event.site)), event)
+    return sorted(found.values(), key=lambda e: e.t)
+
+
+def _first_site(evidence: Evidence, kind: type, ranks, **fields) -> tuple[Optional[Location], Optional[object]]:
+    events = [e for r in ranks for e in evidence.ranks[r].of(kind)
+              if all(getattr(e, k) == v for k, v in fields.items())]
+    events.sort(key=lambda e: e.t)
+    return (Location.from_site(events[0].site), events[0]) if events else (None, None)
+
+
+def _wrap_site(evidence: Evidence, ddp: Optional[int]) -> Optional[Location]:
+    wraps = evidence.facts.ddp_wraps.get(ddp if ddp is not None else 0, {})
+    return Location.from_site(next(iter(wraps.values())).site) if wraps else None
+
+
+def _reduced(div: Divergence) -> Optional[dict[int, list]]:
+    """Each rank's fingerprint of the divergent gradient as DDP's all-reduce left it, when every
+    rank knows it."""
+    out = {}
+    for rank, step in div.events.items():
+        if step.touched is None:
+            return None
+        encoded = step.reduced if step.reduced is not None else step.grads
+        values = decode_fingerprints(encoded or "")
+        if div.index >= len(values):
+            return None
+        out[rank] = values[div.index]
+    return out
+
+
+def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Optional[int]) -> _Case:
+    """The case of gradients that differ across ranks, with its explanation and fix."""
     facts = evidence.facts
+    ranks = sorted(div.events)
     if not facts.ddp_wraps:
-        return ("not-wrapped", "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
-                "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train through it.")
+        return _Case("not-wrapped", "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
+                     "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train through it.")
+    conversions = _conversions(evidence, ranks, {r: e.step for r, e in div.events.items()})
+    if conversions:
+        calls = " and ".join(_call(c) for c in conversions[:3])
+        return _Case("converted-after-wrap",
+                     f"the wrapped model was converted after DDP wrapped it ({calls}): its parameters got new storage, "
+                     f"while DDP's gradient hooks and buckets still point at the old tensors, so the gradients are no "
+                     f"longer averaged", CONVERSION_FIX, Location.from_site(conversions[0].site),
+                     {"conversions": [{"method": c.method, "target": c.target, "site": c.site} for c in conversions]})
+    bypass_at, bypass = _first_site(evidence, DDPBypass, ranks)
+    rewraps = [e for r in ranks for e in evidence.ranks[r].of(DDPRewrap)]
+    if rewraps and (bypass is not None or not in_ddp):
+        first = rewraps[0]
+        wraps = facts.ddp_wraps
+        first_at = _wrap_site(evidence, first.previous)
+        again_at = Location.from_site(next(iter(wraps.get(first.ddp, {}).values())).site) if wraps.get(first.ddp) else None
+        times = len({e.ddp for e in rewraps if e.rank == first.rank})
+        why = (f"DistributedDataParallel is constructed again around a module DDP already wraps (first at "
+               f"{short_site(first_at)}, again at {short_site(again_at)}, {times} time{'s' if times > 1 else ''})")
+        if bypass is not None:
+            why += (f", and the forward alternates between a DDP wrapper and the bare module (at "
+                    f"{short_site(bypass_at)}): the bare module's forwards skip DDP's gradient all-reduce")
+        return _Case("ddp-rewrapped", why,
+                     "Wrap the model once, before training, and call that wrapper for every training forward: "
+                     "`model = DistributedDataParallel(net)` outside the loop, then `model(x)`.",
+                     bypass_at or again_at, {"first_wrap": first_at.to_json() if first_at else None,
+                                             "wrapped_again": again_at.to_json() if again_at else None,
+                                             "bare_forward": bypass_at.to_json() if bypass_at else None})
     if not in_ddp:
-        return ("outside-ddp", "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
-                "Put every trained module inside the model you wrap with DistributedDataParallel.")
+        return _Case("outside-ddp", "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
+                     "Put every trained module inside the model you wrap with DistributedDataParallel.")
     key = str(ddp_index)
     windows = [e.forwards[key] for e in div.events.values() if key in e.forwards]
     synced = sum(w.get("synced", 0) for w in windows)
     unsynced = sum(w.get("unsynced", 0) for w in windows)
     inner = sum(w.get("inner", 0) for w in windows)
     if synced == 0 and unsynced > 0:
-        return ("step-in-no-sync", "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
-                "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, then step.")
+        return _Case("step-in-no-sync", "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
+                     "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, then step.")
     if inner > synced + unsynced:
-        return ("ddp-bypassed", "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
-                "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.")
+        location, _ = _first_site(evidence, DDPBypass, ranks, ddp=facts.ddp_canonical.get(ddp_index, ddp_index))
+        return _Case("ddp-bypassed", "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
+                     "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.", location or bypass_at)
     wraps = facts.ddp_wraps.get(ddp_index, {})
     tolerant = any(w.find_unused_parameters or w.static_graph for w in wraps.values())
     unused = any(u.unused for u in facts.ddp_usage.get(ddp_index, {}).values())
     if unused and not tolerant:
-        return ("reduction-incomplete", "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
-                "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
-    return ("modified-after-backward", "DDP synchronized the backward pass, but the gradients were changed afterwards on some ranks",
-            "Modify gradients (clipping, scaling, masking) identically on every rank, after backward and before step.")
+        return _Case("reduction-incomplete", "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
+                     "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
+    reduced = _reduced(div)
+    if reduced is not None and len(group_by_value(reduced)) > 1:
+        return _allreduce_case(evidence, ranks, ddp_index)
+    touched = sorted(r for r, e in div.events.items() if e.touched)
+    why = "DDP synchronized the backward pass, but the gradients were changed afterwards on some ranks"
+    extra = {}
+    if reduced is not None and touched:
+        why += f" ({fmt_ranks(touched)} changed gradients between the end of DDP's all-reduce and the step)"
+        extra = {"changed_after_all_reduce": {str(r): div.events[r].touched for r in touched}}
+    return _Case("modified-after-backward", why,
+                 "Modify gradients (clipping, scaling, masking) identically on every rank, after backward and before step.",
+                 extra=extra)
+
+
+def _allreduce_case(evidence: Evidence, ranks: list[int], ddp_index: Optional[int]) -> _Case:
+    hooks = [e for r in ranks for e in evidence.ranks[r].of(CommHook) if e.ddp in (ddp_index, None)]
+    if hooks:
+        hook = hooks[0]
+        location = Location.from_site(hook.site)
+        return _Case("comm-hook",
+                     f"the gradients already differ as they come out of DDP's all-reduce: the communication hook "
+                     f"`{hook.name}` (registered at {short_site(location)}) returned different results on some ranks, "
+                     f"and nothing changed the gradients between the end of the backward pass and the step",
+                     "Make the communication hook return the same reduced tensor on every rank: no rank-dependent "
+                     "branches, randomness or in-place edits after the all-reduce. Run once without "
+                     "`register_comm_hook` to confirm it is the hook.",
+                     location, {"comm_hook": {"name": hook.name, "module": hook.module, "site": hook.site}})
+    backend = next((e.backend for _, e in evidence.events(InitProcessGroup) if e.backend), "the backend")
+    return _Case("all-reduce-differs",
+                 f"the gradients already differ as they come out of DDP's all-reduce, with no communication hook and "
+                 f"no code changing them before the step: the collective itself returned different results on some "
+                 f"ranks, which points at the interconnect or the communication library ({backend})",
+                 "Test the interconnect: run the reference job (`ddpdoctor check` with no script) on the same nodes "
+                 "with the same NCCL_* settings, compare with other nodes, and look for GPU or network errors (dmesg, "
+                 "nvidia-smi -q, the NIC counters).",
+                 _wrap_site(evidence, ddp_index), {"backend": backend})
+
+
+def _round_trip(evidence: Evidence) -> Optional[Finding]:
+    """A wrapped model moved to the CPU and back under the CUDA simulation, where it changes nothing."""
+    simulated = any(e.active for _, e in evidence.events(DeviceSimulation))
+    if not simulated:
+        return None
+    ranks: list[int] = []
+    pair = None
+    for rank in sorted(evidence.ranks):
+        moves = sorted((e for e in evidence.ranks[rank].of(ModuleConversion) if e.device_move and not e.swapped),
+                       key=lambda e: e.t)
+        off = next((e for e in moves if "cpu" in e.target), None)
+        back = next((e for e in moves if off is not None and e.t >= off.t and "cpu" not in e.target), None)
+        if off is not None and back is not None:
+            ranks.append(rank)
+            pair = pair or (off, back)
+    if pair is None:
+        return None
+    off, back = pair
+    message = (f"the DDP-wrapped model is moved off the GPU and back after wrapping ({_call(off)}, then {_call(back)}): "
+               f"on a GPU that gives every parameter new storage while DDP's gradient hooks and buckets keep the old "
+               f"tensors, so the gradients stop being averaged and the replicas drift apart. The CUDA simulation of "
+               f"this CPU-only run makes both moves no-ops, which is why the gradients still agree here")
+    return Finding(check=ID, severity="error", message=message, fix=CONVERSION_FIX, ranks=tuple(ranks),
+                   location=Location.from_site(off.site),
+                   evidence={"case": "device-round-trip", "moves": [{"method": e.method, "target": e.target,
+                                                                     "site": e.site} for e in pair]})
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -106,9 +270,13 @@ def analyze(evidence: Evidence) -> CheckResult:
     every = evidence.facts.fingerprint_every
     sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
     if div is None:
+        round_trip = _round_trip(evidence)
+        if round_trip is not None:
+            return CheckResult(findings=[round_trip], summary="the wrapped model is moved off the GPU and back "
+                                                              "(harmless only under the CUDA simulation)")
         return CheckResult(summary=f"replicas identical after {num_compared} compared steps{sampled}")
     rank0 = div.groups[0][0]
-    name, in_ddp, ddp_index = _param_name(evidence, rank0, div.optimizer, div.index)
+    name, in_ddp, ddp_index = _param_name(evidence, rank0, div.optimizer, div.index, div.step)
     odd = [r for g in div.groups[1:] for r in g]
     ranks = sorted(r for g in div.groups for r in g)
     diff = max(relative_difference(div.values[rank0], div.values[r]) for r in odd)
@@ -123,9 +291,13 @@ def analyze(evidence: Evidence) -> CheckResult:
         # Sampled steps: the replicas diverged after this step (None: at the first compared step).
         "last_identical_step": div.last_identical_step,
     }
+    location = _optimizer_site(evidence, rank0, div.optimizer)
     if div.kind == "grads":
-        case, why, fix = _grad_case(evidence, div, in_ddp, ddp_index)
-        message = f"gradients of `{name}` differ across ranks at optimizer step {div.step}: {why}"
+        found = _grad_case(evidence, div, in_ddp, ddp_index)
+        case, fix = found.case, found.fix
+        location = found.location or location
+        evidence_out.update(found.extra)
+        message = f"gradients of `{name}` differ across ranks at optimizer step {div.step}: {found.why}"
     else:
         case = "params-modified"
         message = (f"gradients were identical but parameter `{name}` differs across ranks after optimizer step {div.step}: "
@@ -133,8 +305,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         fix = ("Change weights only through the optimizer, or identically on every rank; give every rank the same "
                "optimizer settings; load checkpoints on every rank before wrapping with DDP.")
     evidence_out = {"case": case, **evidence_out}  # first: the terminal shows the leading fields
-    finding = Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks),
-                      location=_optimizer_site(evidence, rank0, div.optimizer), evidence=evidence_out)
+    finding = Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=location,
+                      evidence=evidence_out)
     return CheckResult(findings=[finding], summary=f"replicas diverge at step {div.step} ({fmt_ranks(ranks)}){sampled}")
 
 

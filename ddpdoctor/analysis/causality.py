@@ -79,7 +79,20 @@ def _same_overlap_by_content(finding: Finding, cause: Finding) -> bool:
                  or finding.evidence.get("source") == "forward"))
 
 
+def _follows_config(finding: Finding, cause: Finding) -> bool:
+    """Replicas that drift apart at or after the step where the ranks' settings first differ (a
+    learning rate, a loss scale); with parameters frozen on some ranks only, DDP's missing gradients."""
+    if finding.check == "gradient-sync":
+        return (finding.evidence.get("case") in ("params-modified", "modified-after-backward", "reduction-incomplete")
+                and (finding.evidence.get("step") or 0) >= (cause.evidence.get("step") or 0))
+    frozen = any(d.get("what") == "frozen" for d in cause.evidence.get("differs") or [])
+    return frozen and (finding.check == "unused-parameters"
+                       or (finding.check == "rank-failure" and bool(finding.evidence.get("reduction_error"))))
+
+
 RULES: tuple[Rule, ...] = (
+    # Ranks train with different settings: the divergence that follows is its consequence.
+    Rule("settings differ by rank", _is("config-sync", severities=("error",)), _follows_config),
     # Two ranks on one GPU: env-consistency names the ranks and the GPU; NCCL's crash follows.
     Rule("ranks share a GPU", _is("env-consistency", severities=("error",), kind="shared-gpu"), _duplicate_gpu_crash),
     # DDP raised "Expected to have finished reduction": the unused parameters are the cause.

@@ -15,8 +15,8 @@ from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
-                                     OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.schema.events import (Collective, ConfigState, DDPRewrap, DDPUsage, DDPWrap, ExceptionEvent,
+                                     InitProcessGroup, LoaderPass, OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -84,6 +84,17 @@ class Divergence:
     kind: str  # "grads" or "params"
     groups: list
     values: dict
+    events: dict  # rank -> Step
+    last_identical_step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ConfigDivergence:
+    """The first sampled optimizer step at which ranks' configuration digests differ."""
+
+    step: int
+    optimizer: int
+    groups: list  # ranks grouped by digest, largest group first
     events: dict  # rank -> Step
     last_identical_step: Optional[int] = None
 
@@ -157,20 +168,34 @@ class Facts:
             counts[rank] = counts.get(rank, 0) + 1
         return counts
 
-    def optimizer_info(self, rank: int, opt: int) -> Optional[OptimizerInfo]:
+    def optimizer_info(self, rank: int, opt: int, n: Optional[int] = None) -> Optional[OptimizerInfo]:
+        """How optimizer ``opt`` of ``rank`` was described at its step ``n`` (None: its first description)."""
         ev = self.evidence.ranks.get(rank)
-        return next((e for e in ev.of(OptimizerInfo) if e.opt == opt), None) if ev else None
+        if not ev:
+            return None
+        found = None
+        for info in ev.of(OptimizerInfo):
+            if info.opt == opt and (found is None or (n is not None and found.n < info.n <= n)):
+                found = info
+        return found
+
+    @functools.cached_property
+    def sampled_steps(self) -> dict[tuple[int, int], dict[int, Step]]:
+        """(optimizer step, optimizer) -> rank -> its Step, for steps with fingerprints or a config
+        digest, in step order."""
+        by_step: dict[tuple[int, int], dict[int, Step]] = {}
+        for rank, event in self.evidence.events(Step):
+            if event.grads is not None or event.config is not None:
+                by_step.setdefault((event.n, event.opt), {})[rank] = event
+        return dict(sorted(by_step.items()))
 
     @functools.cached_property
     def divergence(self) -> tuple[Optional[Divergence], int]:
         """The first (step, parameter) whose fingerprints differ across ranks, and how many steps compared."""
-        by_step: dict[tuple[int, int], dict[int, Step]] = {}
-        for rank, event in self.evidence.events(Step):
-            if event.grads is not None:
-                by_step.setdefault((event.n, event.opt), {})[rank] = event
         num_compared = 0
         last_identical: dict[int, int] = {}
-        for (n, opt), events in sorted(by_step.items()):
+        for (n, opt), sampled in self.sampled_steps.items():
+            events = {r: e for r, e in sampled.items() if e.grads is not None}
             if len(events) < 2:
                 continue
             num_compared += 1
@@ -187,6 +212,53 @@ class Facts:
                         return Divergence(n, opt, i, kind, groups, values, events, last_identical.get(opt)), num_compared
             last_identical[opt] = n
         return None, num_compared
+
+    @functools.cached_property
+    def ddp_optimizers(self) -> set[tuple[int, int]]:
+        """(rank, optimizer) pairs whose optimizer steps parameters of a DDP module."""
+        return {(rank, e.opt) for rank, e in self.evidence.events(OptimizerInfo) if any(e.in_ddp)}
+
+    @functools.cached_property
+    def config_divergence(self) -> tuple[Optional[ConfigDivergence], int]:
+        """The first sampled step of an optimizer of a DDP module at which ranks' configuration
+        digests differ, and how many steps were compared (strings, as the fingerprints are)."""
+        trained = self.ddp_optimizers
+        num_compared = 0
+        last_identical: dict[int, int] = {}
+        for (n, opt), sampled in self.sampled_steps.items():
+            events = {r: e for r, e in sampled.items() if e.config is not None and (r, opt) in trained}
+            if len(events) < 2:
+                continue
+            num_compared += 1
+            reference = events[min(events)].config
+            if all(e.config == reference for e in events.values()):
+                last_identical[opt] = n
+                continue
+            by_digest: dict[str, list[int]] = {}
+            for rank in sorted(events):
+                by_digest.setdefault(events[rank].config, []).append(rank)
+            groups = sorted(by_digest.values(), key=lambda g: (-len(g), g[0]))
+            return ConfigDivergence(n, opt, groups, events, last_identical.get(opt)), num_compared
+        return None, num_compared
+
+    def config_state(self, rank: int, step: Step) -> Optional[ConfigState]:
+        """The detail behind a step's configuration digest on ``rank``."""
+        ev = self.evidence.ranks.get(rank)
+        if not ev or step.config is None:
+            return None
+        found = None
+        for state in ev.of(ConfigState):
+            if state.opt == step.opt and state.n <= step.n and state.digest == step.config:
+                found = state
+        return found
+
+    @functools.cached_property
+    def ddp_canonical(self) -> dict[int, int]:
+        """DDP module index -> the first DDP module wrapping the same module (itself when not rewrapped)."""
+        out: dict[int, int] = {}
+        for _, event in self.evidence.events(DDPRewrap):
+            out[event.ddp] = out.get(event.previous, event.previous)
+        return out
 
     # -- data -------------------------------------------------------------------------------------
     @functools.cached_property

@@ -81,7 +81,7 @@ def _load(ep: EntryPoint) -> LoadedCheck:
 _BUILTIN_ORDER = [
     "gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
     "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed",
-    "env-consistency", "collective-bandwidth",
+    "env-consistency", "collective-bandwidth", "config-sync", "optimizer-params",
 ]
 
 

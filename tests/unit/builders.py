@@ -115,12 +115,15 @@ def ddp_wrap(params: Iterable[str] = ("fc.weight", "fc.bias"), *, ddp: int = 0, 
 
 
 def optimizer(names: Iterable[str] = ("fc.weight", "fc.bias"), *, in_ddp: Optional[Iterable[bool]] = None,
-              ddp_of: Optional[Iterable[Optional[int]]] = None, opt: int = 0, line: int = 30) -> ev.OptimizerInfo:
+              ddp_of: Optional[Iterable[Optional[int]]] = None, opt: int = 0, line: int = 30,
+              built_line: Optional[int] = None, group_sizes: Optional[list] = None, type_name: str = "SGD",
+              n: int = 1) -> ev.OptimizerInfo:
     names = list(names)
     in_ddp = [True] * len(names) if in_ddp is None else list(in_ddp)
     ddp_of = [0 if inside else None for inside in in_ddp] if ddp_of is None else list(ddp_of)
     return ev.OptimizerInfo(opt=opt, names=names, in_ddp=in_ddp, ddp_of=ddp_of, shapes=[[1] for _ in names],
-                            site=site(line), type_name="SGD")
+                            site=site(line), type_name=type_name, built_at=site(built_line) if built_line else [],
+                            group_sizes=[len(names)] if group_sizes is None else group_sizes, n=n)
 
 
 def forwards(synced: int = 1, unsynced: int = 0, inner: Optional[int] = None) -> dict:
@@ -132,14 +135,59 @@ def forwards(synced: int = 1, unsynced: int = 0, inner: Optional[int] = None) ->
 
 
 def step(n: int, grads: Optional[list] = None, params: Optional[list] = None, *, opt: int = 0,
-         ddp: Optional[dict] = None, t: Optional[float] = None, closure: bool = False) -> ev.Step:
-    """An optimizer step event. ``grads=None``: not fingerprinted (sampled out)."""
+         ddp: Optional[dict] = None, t: Optional[float] = None, closure: bool = False, config: Optional[str] = None,
+         touched: Optional[int] = None, reduced: Optional[list] = None) -> ev.Step:
+    """An optimizer step event. ``grads=None``: not fingerprinted (sampled out). ``config``: its
+    configuration digest; ``touched``/``reduced``: gradients changed since DDP's all-reduce, and
+    their fingerprints as it left them."""
     step_event = ev.Step(t=float(n) if t is None else t, step=n, opt=opt, n=n,
-                         forwards={"0": forwards()} if ddp is None else ddp, closure=closure)
+                         forwards={"0": forwards()} if ddp is None else ddp, closure=closure, config=config,
+                         touched=touched, reduced=encode_fingerprints(reduced) if reduced is not None else None)
     if grads is not None:
         step_event.grads = encode_fingerprints(grads)
         step_event.params = encode_fingerprints(params if params is not None else [[1.0, 1.0] for _ in grads])
     return step_event
+
+
+# -- training configuration ------------------------------------------------------------------------
+
+def config_state(n: int = 1, digest: str = "cfg-A", *, opt: int = 0, lr: float = 0.1, groups: Optional[list] = None,
+                 eval_types: Optional[dict] = None, count: int = 5, frozen: int = 0, frozen_names: Iterable[str] = (),
+                 autocast: Optional[list] = None, scale: Optional[float] = None, flips: Optional[list] = None
+                 ) -> ev.ConfigState:
+    """What a rank's configuration digest stands for (one DDP module, index 0)."""
+    return ev.ConfigState(step=n - 1, opt=opt, n=n, digest=digest,
+                          groups=groups if groups is not None else [{"lr": lr, "momentum": 0.9, "nesterov": False}],
+                          modules={"0": {"count": count, "eval": dict(eval_types or {}), "flips": list(flips or [])}},
+                          frozen={"0": {"count": 4, "frozen": frozen, "names": list(frozen_names), "more": 0}},
+                          autocast={"0": autocast or [False, "torch.bfloat16"]}, scale=scale)
+
+
+def mode_change(training: bool, *, line: int = 44, ddp: Optional[int] = 0, name: Optional[str] = "",
+                type_name: str = "Net", step_: int = 0) -> ev.ModeChange:
+    return ev.ModeChange(step=step_, ddp=ddp, name=name, type_name=type_name, training=training, site=site(line))
+
+
+def param_groups_write(n: int, keys: list, *, line: int = 50, via: str = "scheduler", opt: int = 0) -> ev.ParamGroupsWrite:
+    return ev.ParamGroupsWrite(step=n - 1, opt=opt, n=n, keys=keys, via=via, sites=[{**site(line)[0], "via": via}])
+
+
+def module_conversion(method: str, target: str, *, swapped: bool = True, device_move: bool = False, line: int = 55,
+                      step_: int = 0, ddp: int = 0, t: float = 0.0) -> ev.ModuleConversion:
+    return ev.ModuleConversion(t=t, step=step_, ddp=ddp, method=method, target=target, device_move=device_move,
+                               swapped=swapped, site=site(line))
+
+
+def ddp_rewrap(ddp: int, previous: int = 0, *, step_: int = 0) -> ev.DDPRewrap:
+    return ev.DDPRewrap(step=step_, ddp=ddp, previous=previous)
+
+
+def ddp_bypass(*, line: int = 66, ddp: int = 0, step_: int = 0) -> ev.DDPBypass:
+    return ev.DDPBypass(step=step_, ddp=ddp, forwards=1, site=site(line))
+
+
+def comm_hook(name: str = "my_hook", *, line: int = 25, ddp: Optional[int] = 0) -> ev.CommHook:
+    return ev.CommHook(ddp=ddp, name=name, module="train", site=site(line))
 
 
 def usage(iterations: int, unused: Optional[dict[int, int]] = None, *, ddp: int = 0,

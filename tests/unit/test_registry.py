@@ -15,7 +15,7 @@ def run_checks(evidence, checks=None):
 
 IDS = ["gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
        "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed",
-       "env-consistency", "collective-bandwidth"]
+       "env-consistency", "collective-bandwidth", "config-sync", "optimizer-params"]
 SECTIONS = ("What it does", "Why it matters", "Example", "Use instead")
 
 

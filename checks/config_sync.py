@@ -1,0 +1,270 @@
+"""config-sync: every rank trains the same network with the same settings."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import ConfigDivergence
+from ddpdoctor.schema.events import ConfigState, ModeChange, ParamGroupsWrite, Step
+from ddpdoctor.schema.sampling import describe
+
+from ._common import fmt_ranks, short_site
+
+ID = "config-sync"
+
+DOCS = """\
+## What it does
+At every fingerprinted optimizer step (the gradient-sync schedule), each rank records a digest of
+what must be equal on every rank: the `training` flag of every module of each DDP module, the
+`requires_grad` flag of each of its parameters, every number and flag of the optimizer's param
+groups (lr, momentum or betas, weight decay...), autocast at the DDP forward (on or off, dtype),
+and a GradScaler's scale. The digests are compared across ranks like the gradient fingerprints;
+no collective is added. A mismatch names the first step where the ranks differ, what differs with
+each rank's value, and the line that changed it: `Module.train()`/`eval()` calls and writes to
+`param_groups` (LR schedulers, direct writes) are recorded where they happen.
+
+What differs by rank in correct code is not compared: dropout masks, data augmentation, per-rank
+seeds, metrics. Evaluation on rank 0 that restores train mode, schedulers stepped on every rank
+and a backbone frozen and unfrozen on every rank keep the ranks equal at every step.
+
+## Why it matters
+DDP averages gradients; it does not check that the ranks computed them with the same network.
+A rank left in eval mode trains without dropout and with BatchNorm's running statistics while the
+others do not, a learning rate scheduled on rank 0 only moves the replicas apart, a parameter
+frozen on some ranks makes DDP wait for its gradient. The first two pass every other check:
+gradients are still averaged, and DDP broadcasts rank 0's buffers.
+
+## Example
+```python
+model.train()
+for epoch in range(epochs):
+    for x, y in loader:
+        train_step(model, x, y)
+    if rank == 0:
+        model.module.eval()          # never switched back: rank 0 now trains in eval mode
+        validate(model.module)
+```
+
+## Use instead
+```python
+    if rank == 0:
+        model.module.eval()
+        validate(model.module)
+        model.module.train()
+```
+Call `model.train()` at the start of every epoch on every rank; step schedulers and change
+hyperparameters on every rank (`if rank == 0:` only around logging); freeze and unfreeze on
+every rank; use the same autocast and GradScaler settings everywhere.
+"""
+
+SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "MultiheadAttention", "Transformer")
+
+
+def _state(evidence: Evidence, rank: int, step: Step) -> Optional[ConfigState]:
+    return evidence.facts.config_state(rank, step)
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _modes_text(detail: Optional[dict]) -> str:
+    """'Dropout and BatchNorm1d in eval mode', 'train mode' for one DDP module's modes."""
+    if not detail:
+        return "unknown"
+    evals = detail.get("eval") or {}
+    if not evals:
+        return "train mode"
+    sensitive = sorted(t for t in evals if any(s in t for s in SENSITIVE))
+    num_eval = sum(evals.values())
+    if sensitive:
+        text = f"{_join(sensitive)} in eval mode"
+    else:
+        text = f"{num_eval} module{'s' if num_eval > 1 else ''} ({_join(sorted(evals)[:4])}) in eval mode"
+    if num_eval >= detail.get("count", 0) > 0:
+        text += " (the whole model)"
+    return text
+
+
+def _frozen_text(detail: Optional[dict]) -> str:
+    if not detail:
+        return "unknown"
+    frozen = detail.get("frozen", 0)
+    if not frozen:
+        return "no parameter frozen"
+    names = ", ".join(f"`{n}`" for n in detail.get("names", [])[:4])
+    return f"{frozen} of {detail.get('count', 0)} parameters frozen ({names}{', ...' if detail.get('more') else ''})"
+
+
+def _autocast_text(value: Optional[list]) -> str:
+    if not value:
+        return "unknown"
+    enabled, dtype = value[0], value[1] if len(value) > 1 else ""
+    return f"autocast on ({str(dtype).replace('torch.', '')})" if enabled else "autocast off"
+
+
+def _per_group(groups: list[list[int]], texts: dict[int, str]) -> str:
+    return "; ".join(f"{fmt_ranks(g)}: {texts[g[0]]}" for g in groups)
+
+
+def _differences(groups: list[list[int]], states: dict[int, Optional[ConfigState]], opt: int) -> list[dict]:
+    """What differs between the rank groups, each with every group's value: [{what, key, text, values}]."""
+    reps = [g[0] for g in groups]
+    out: list[dict] = []
+
+    def add(what: str, key: str, label: str, values: dict[int, str]) -> None:
+        if len(set(values.values())) > 1:
+            out.append({"what": what, "key": key, "label": label,
+                        "values": {str(r): values[r] for r in reps}, "text": _per_group(groups, values)})
+
+    known = {r: s for r, s in ((r, states.get(r)) for r in reps) if s is not None}
+    if len(known) < len(reps):
+        return out
+    ddps = sorted({k for s in known.values() for k in (*s.modules, *s.frozen, *s.autocast)}, key=int)
+    for ddp in ddps:
+        suffix = "" if ddp == "0" else f" of DDP module {ddp}"
+        add("modes", ddp, f"module modes{suffix}", {r: _modes_text(s.modules.get(ddp)) for r, s in known.items()})
+        if len({(s.modules.get(ddp) or {}).get("count") for s in known.values()}) > 1:
+            add("structure", ddp, f"number of modules{suffix}",
+                {r: f"{(s.modules.get(ddp) or {}).get('count')} modules" for r, s in known.items()})
+        add("frozen", ddp, f"requires_grad{suffix}", {r: _frozen_text(s.frozen.get(ddp)) for r, s in known.items()})
+        add("autocast", ddp, f"autocast at the forward{suffix}",
+            {r: _autocast_text(s.autocast.get(ddp)) for r, s in known.items()})
+    num_groups = max(len(s.groups) for s in known.values())
+    for index in range(num_groups):
+        keys = sorted({k for s in known.values() if index < len(s.groups) for k in s.groups[index]})
+        for key in keys:
+            raw = {r: s.groups[index].get(key, "absent") if index < len(s.groups) else "no such group"
+                   for r, s in known.items()}
+            group = "" if num_groups == 1 else f" of param group {index}"
+            add("hyperparameter", f"{index}:{key}", f"`{key}`{group}", _shown(raw))
+    add("scale", "scale", "GradScaler's scale", _shown({r: s.scale for r, s in known.items()}))
+    if not out:  # the digests differ in something the detail does not show (e.g. modes of unnamed modules)
+        add("digest", "digest", "configuration", {r: known[r].digest for r in reps})
+    return out
+
+
+def _shown(raw: dict[int, object]) -> dict[int, str]:
+    """Values as text, floats rounded unless the rounding would hide their difference."""
+    short = {r: (f"{v:.6g}" if isinstance(v, float) else str(v)) for r, v in raw.items()}
+    if len(set(short.values())) < len({repr(v) for v in raw.values()}):
+        return {r: repr(v) for r, v in raw.items()}
+    return short
+
+
+def _mode_site(evidence: Evidence, groups: list[list[int]], states: dict, ddp: str, n: int) -> tuple[Optional[Location], Optional[dict]]:
+    """The train()/eval() call that put the ranks with modules in eval mode there, before step n."""
+    for group in groups:
+        rank = group[0]
+        state = states.get(rank)
+        if state is None or not (state.modules.get(ddp) or {}).get("eval"):
+            continue
+        calls = [e for e in evidence.ranks[rank].of(ModeChange)
+                 if not e.training and str(e.ddp) == ddp and e.step < n]  # n: the step's process-wide count
+        if calls:
+            call = calls[-1]
+            location = Location.from_site(call.site)
+            return location, {"rank": rank, "call": f"{call.type_name}.eval()" if call.name in ("", None) else
+                              f"`{call.name}`.eval()", "site": call.site, "after_step": call.step}
+    return None, None
+
+
+def _write_site(evidence: Evidence, groups: list[list[int]], opt: int, key: str, n: int) -> tuple[Optional[Location], Optional[dict]]:
+    """The write of a param-group value that some ranks made and the others did not, before step n."""
+    index, _, name = key.partition(":")
+    per_rank = {}
+    for group in groups:
+        rank = group[0]
+        per_rank[rank] = [w for w in evidence.ranks[rank].of(ParamGroupsWrite)
+                          if w.opt == opt and w.n <= n and [int(index), name] in w.keys]
+    sites = {r: {tuple((s["file"], s["line"]) for s in w.sites) for w in writes} for r, writes in per_rank.items()}
+    for rank, writes in per_rank.items():
+        mine = [w for w in writes if any(tuple((s["file"], s["line"]) for s in w.sites) not in sites[o]
+                                         for o in sites if o != rank)]
+        if mine and mine[-1].sites:
+            write = mine[-1]
+            return Location.from_site(write.sites), {"rank": rank, "via": write.via, "sites": write.sites,
+                                                     "before_step": write.n}
+    return None, None
+
+
+def analyze(evidence: Evidence) -> CheckResult:
+    if evidence.world_size < 2:
+        return CheckResult(summary="single process: nothing to compare", applicable=False)
+    div, num_compared = evidence.facts.config_divergence
+    if num_compared == 0:
+        return CheckResult(summary="no optimizer step of a DDP model was seen on two ranks", applicable=False)
+    every = evidence.facts.fingerprint_every
+    sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
+    if div is None:
+        return CheckResult(summary=f"same modes, requires_grad, optimizer settings, autocast and loss scale on every "
+                                   f"rank at {num_compared} compared steps{sampled}")
+    return CheckResult(findings=[_finding(evidence, div)],
+                       summary=f"ranks train with different settings from step {div.step} "
+                               f"({fmt_ranks(r for g in div.groups for r in g)}){sampled}")
+
+
+def _finding(evidence: Evidence, div: ConfigDivergence) -> Finding:
+    states = {r: _state(evidence, r, div.events[r]) for g in div.groups for r in g[:1]}
+    diffs = _differences(div.groups, states, div.optimizer)
+    info = evidence.facts.optimizer_info(div.groups[0][0], div.optimizer, div.step)
+    optimizer = f"optimizer {div.optimizer}" + (f" ({info.type_name})" if info and info.type_name else "")
+    location, changed = None, None
+    first = diffs[0] if diffs else None
+    kinds = {d["what"] for d in diffs}
+    if first is not None and first["what"] == "modes":
+        location, changed = _mode_site(evidence, div.groups, states, first["key"],
+                                       max(div.events[g[0]].step for g in div.groups))
+    hyper = next((d for d in diffs if d["what"] == "hyperparameter"), None)
+    if location is None and hyper is not None:
+        location, changed = _write_site(evidence, div.groups, div.optimizer, hyper["key"], div.step)
+        if location is None and info is not None:
+            location = Location.from_site(info.built_at or info.site)
+            changed = {"built_at": info.built_at or info.site}
+    ranks = tuple(sorted(r for g in div.groups for r in g))
+    what = "; ".join(f"{d['label']}: {d['text']}" for d in diffs[:3]) if diffs else "their configuration digests differ"
+    message = f"the ranks train with different settings from optimizer step {div.step} ({optimizer}): {what}"
+    if changed and changed.get("site"):
+        message += (f"; rank {changed['rank']} switched to eval mode at {short_site(Location.from_site(changed['site']))} "
+                    f"after step {changed['after_step']} and never back")
+    elif changed and changed.get("sites"):
+        how = "an LR scheduler's step" if changed["via"] == "scheduler" else "a write to `param_groups`"
+        message += (f"; rank {changed['rank']} changed it by {how} at {short_site(Location.from_site(changed['sites']))} "
+                    f"before step {changed['before_step']}, the other ranks did not")
+    elif changed and changed.get("built_at"):
+        message += f"; the values differ since the optimizer was built ({short_site(location)})"
+    fix = _fix(kinds)
+    evidence_out = {
+        "step": div.step,
+        "optimizer": div.optimizer,
+        "rank_groups": div.groups,
+        "differs": diffs,
+        "changed_at": changed,
+        "last_identical_step": div.last_identical_step,
+    }
+    return Finding(check=ID, severity="error", message=message, fix=fix, ranks=ranks, location=location,
+                   evidence=evidence_out)
+
+
+def _fix(kinds: set[str]) -> str:
+    fixes = []
+    if "modes" in kinds:
+        fixes.append("Put every rank in the same mode: call `model.train()` at the start of each epoch on every rank, "
+                     "and after a rank-0-only evaluation switch that rank back with `model.train()`.")
+    if "hyperparameter" in kinds or "scale" in kinds:
+        fixes.append("Give every rank the same optimizer settings: step LR schedulers and write `param_groups` on "
+                     "every rank (keep `if rank == 0:` around logging only), and compute values such as "
+                     "ReduceLROnPlateau's metric from all ranks (all_reduce it).")
+    if "frozen" in kinds:
+        fixes.append("Freeze and unfreeze parameters on every rank at the same step (`requires_grad_` outside "
+                     "rank-dependent branches).")
+    if "autocast" in kinds:
+        fixes.append("Run the DDP forward under the same autocast settings on every rank.")
+    if "structure" in kinds:
+        fixes.append("Build the same model on every rank before wrapping it in DDP.")
+    return " ".join(fixes) or "Make every rank build and configure the model and the optimizer identically."
+
+
+CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS)

@@ -1,0 +1,282 @@
+"""optimizer-params: the optimizers step exactly the parameters that the wrapped model trains."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, Step
+from ddpdoctor.schema.fingerprints import decode_fingerprints
+
+from ._common import fmt_ranks, short_site
+
+ID = "optimizer-params"
+STUCK_STEPS = 5  # fingerprinted steps in a row with a gradient and unchanged weights
+MIN_RELATIVE_UPDATE = 1e-5  # below this the update may vanish in the weights' precision: not a bug
+ADAPTIVE = ("Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Lion", "Adafactor", "Lamb", "Muon")
+
+DOCS = """\
+## What it does
+Compares what the optimizers step with what the wrapped model trains. For each DDP module, the
+parameters that get gradients in its backward passes must each be stepped by some optimizer, and
+an optimizer's tensors must be the model's own. It is an error when:
+
+- no optimizer steps the model's parameters: the optimizers hold other tensors (a
+  `copy.deepcopy` of the model, tensors replaced after the optimizer was built) that get no
+  gradient, so the model's weights never change;
+- some of the model's parameters get gradients but no optimizer steps them (a head replaced
+  after the optimizer was built): they are named, with the line where the optimizer was built;
+- a backstop: weights that get non-zero gradients at five fingerprinted steps in a row, with a
+  learning rate large enough to move them, never change.
+
+Several optimizers that together cover the model (GANs, actor-critic), ZeroRedundancyOptimizer,
+frozen parameters (`requires_grad=False`), EMA or teacher copies that are not trained through DDP,
+and param groups with `lr=0` are correct and stay silent. The comparison is by tensor identity
+as DDP sees it, so a sharded wrapper that replaces the parameters (FSDP2's `fully_shard` after the
+optimizer was built) fits the same test.
+
+## Why it matters
+Such a job runs, logs a loss and writes checkpoints, and every other check passes: the replicas
+stay identical because nothing changes them. The model simply does not train, or part of it keeps
+its random initialization.
+
+## Example
+```python
+net = Net()
+model = DDP(net)
+ema = copy.deepcopy(net)
+optimizer = torch.optim.AdamW(ema.parameters(), lr=1e-4)   # steps the copy
+```
+```python
+optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+net.fc = nn.Linear(512, num_classes)                        # the new head is never stepped
+model = DDP(net)
+```
+
+## Use instead
+```python
+model = DDP(net)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ema = copy.deepcopy(net).requires_grad_(False)              # updated under no_grad, not stepped
+```
+Change the model (new heads, dtype, device, sharding) first, then build the optimizer over
+`model.parameters()`; freeze parameters with `requires_grad_(False)` or an `lr=0` param group.
+"""
+
+
+@dataclass
+class _Model:
+    """One trained module as DDP wraps it on one rank (a module wrapped again counts once)."""
+
+    index: int
+    wrap: DDPWrap
+    trained: list[str]  # parameters that got a gradient in some backward
+    stepped: set[str]
+
+
+def _strip(name: str, ddp: Optional[int]) -> str:
+    prefix = f"ddp{ddp}:"
+    return name[len(prefix):] if ddp and name.startswith(prefix) else name
+
+
+def _models(evidence: Evidence, rank: int) -> list[_Model]:
+    facts = evidence.facts
+    canonical = facts.ddp_canonical
+    ev = evidence.ranks[rank]
+    wraps: dict[int, DDPWrap] = {}
+    trained: dict[int, set[str]] = {}
+    for wrap in ev.of(DDPWrap):
+        index = canonical.get(wrap.ddp, wrap.ddp)
+        wraps.setdefault(index, wrap)
+        usage = facts.ddp_usage.get(wrap.ddp, {}).get(rank)
+        if usage is not None and usage.iterations:
+            trained.setdefault(index, set()).update(
+                name for i, name in enumerate(wrap.params) if usage.unused.get(str(i), 0) < usage.iterations)
+    stepped: dict[int, set[str]] = {}
+    for info in ev.of(OptimizerInfo):
+        for name, ddp in zip(info.names, info.ddp_of):
+            if ddp is not None:
+                stepped.setdefault(canonical.get(ddp, ddp), set()).add(_strip(name, ddp))
+    return [_Model(index, wrap, [n for n in wrap.params if n in trained.get(index, set())], stepped.get(index, set()))
+            for index, wrap in sorted(wraps.items())]
+
+
+def _stale(evidence: Evidence, rank: int) -> dict[int, list[str]]:
+    """Per optimizer: its tensors outside every DDP module that got no gradient at any fingerprinted step."""
+    ev = evidence.ranks[rank]
+    out: dict[int, list[str]] = {}
+    got: dict[int, set[int]] = {}
+    seen: set[int] = set()
+    for step in ev.of(Step):
+        if step.grads is None:
+            continue
+        seen.add(step.opt)
+        grads = decode_fingerprints(step.grads)
+        got.setdefault(step.opt, set()).update(i for i, g in enumerate(grads) if g is not None)
+    for info in ev.of(OptimizerInfo):
+        if info.opt not in seen:
+            continue
+        names = [n for i, (n, inside) in enumerate(zip(info.names, info.in_ddp))
+                 if not inside and i not in got.get(info.opt, set())]
+        if names:
+            out[info.opt] = names
+    return out
+
+
+def _site(info: Optional[OptimizerInfo]) -> Optional[Location]:
+    return Location.from_site(info.built_at or info.site) if info else None
+
+
+def _unstepped_findings(evidence: Evidence) -> list[Finding]:
+    problems: dict[tuple, dict] = {}
+    for rank in sorted(evidence.ranks):
+        infos = {i.opt: i for i in evidence.ranks[rank].of(OptimizerInfo)}
+        if not infos:
+            continue
+        stale = _stale(evidence, rank)
+        for model in _models(evidence, rank):
+            missing = [n for n in model.trained if n not in model.stepped]
+            if not missing:
+                continue
+            key = (model.index, tuple(missing), not model.stepped)
+            entry = problems.setdefault(key, {"ranks": [], "model": model, "missing": missing, "stale": stale,
+                                              "infos": infos})
+            entry["ranks"].append(rank)
+    return [_unstepped_finding(**entry) for entry in problems.values()]
+
+
+def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], stale: dict[int, list[str]],
+                       infos: dict[int, OptimizerInfo]) -> Finding:
+    num_stale = sum(len(v) for v in stale.values())
+    holder = infos.get(next(iter(stale), -1)) or next(iter(infos.values()))
+    wrapped_at = Location.from_site(model.wrap.site)
+    names = ", ".join(f"`{n}`" for n in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+    evidence_out = {
+        "case": "model-not-stepped" if not model.stepped else "parameters-not-stepped",
+        "ddp": model.index,
+        "not_stepped": missing,
+        "num_model_parameters": len(model.wrap.params),
+        "stale_tensors": {str(k): v for k, v in stale.items()},
+        "optimizer": holder.opt,
+        "optimizer_built_at": holder.built_at or holder.site,
+    }
+    if not model.stepped:
+        if num_stale:
+            message = (f"no optimizer steps the parameters of the DDP model (wrapped at {short_site(wrapped_at)}): "
+                       f"optimizer {holder.opt} ({holder.type_name}, built at {short_site(_site(holder))}) steps "
+                       f"{num_stale} tensor{'s' if num_stale > 1 else ''} that the model's forward never uses (they "
+                       f"get no gradient), so the model's weights never change: a copy of the model "
+                       f"(`copy.deepcopy`), or tensors replaced after the optimizer was built")
+        else:
+            message = (f"no optimizer steps the parameters of the DDP model (wrapped at {short_site(wrapped_at)}): its "
+                       f"{len(missing)} parameters get gradients, but its weights never change")
+        fix = ("Build the optimizer over the model DDP trains: `optimizer = Optimizer(model.parameters(), ...)`, after "
+               "every change to the model; keep copies (EMA, teacher) out of the optimizer and update them under "
+               "`torch.no_grad()`.")
+    else:
+        message = (f"{len(missing)} parameter{'s' if len(missing) > 1 else ''} of the DDP model get gradients but no "
+                   f"optimizer steps them: {names}; they keep their initial values")
+        if num_stale:
+            message += (f". Optimizer {holder.opt} (built at {short_site(_site(holder))}) holds {num_stale} "
+                        f"tensor{'s' if num_stale > 1 else ''} that are no longer in the model: replaced after the "
+                        f"optimizer was built")
+        fix = ("Build the optimizer after the last change to the model (a new head, a replaced layer), over "
+               "`model.parameters()`, or add the new parameters with `optimizer.add_param_group`. Freeze what must "
+               "not train with `requires_grad_(False)`.")
+    return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=_site(holder),
+                   evidence=evidence_out)
+
+
+def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
+    """The backstop: weights with non-zero gradients and a real learning rate that never change."""
+    if not evidence.ranks:
+        return None
+    rank = min(evidence.ranks)
+    ev = evidence.ranks[rank]
+    states: dict[int, list[ConfigState]] = {}
+    for state in ev.of(ConfigState):
+        states.setdefault(state.opt, []).append(state)
+    previous: dict[int, tuple[int, list]] = {}
+    streaks: dict[tuple[int, int], list[int]] = {}
+    for step in ev.of(Step):
+        if step.grads is None or step.params is None:
+            continue
+        info = evidence.facts.optimizer_info(rank, step.opt, step.n)
+        config = _config_at(states.get(step.opt, []), step)
+        params = decode_fingerprints(step.params)
+        before = previous.get(step.opt)
+        previous[step.opt] = (step.n, params)
+        if before is None or info is None or config is None:
+            continue
+        grads = decode_fingerprints(step.grads)
+        groups = _group_of(info)
+        adaptive = any(a in info.type_name for a in ADAPTIVE)
+        for i, (grad, param) in enumerate(zip(grads, params)):
+            key = (step.opt, i)
+            old = before[1][i] if i < len(before[1]) else None
+            group = config.groups[groups[i]] if i < len(groups) and groups[i] < len(config.groups) else {}
+            lr = group.get("lr")
+            if (grad is None or not grad[0] or param is None or param != old or not isinstance(lr, (int, float))
+                    or not _moves(lr, grad, param, adaptive)):
+                streaks.pop(key, None)
+                continue
+            streak = streaks.setdefault(key, [])
+            streak.append(step.n)
+            if len(streak) >= STUCK_STEPS:
+                return _stuck(evidence, rank, info, i, streak)
+    return None
+
+
+def _moves(lr: float, grad: list, param: list, adaptive: bool) -> bool:
+    """Whether a step of this size should visibly change weights of this magnitude."""
+    update = lr if adaptive else lr * abs(grad[1] if len(grad) > 1 else grad[0])
+    scale = max(abs(param[1]) if len(param) > 1 else 0.0, 1e-12)
+    return update >= MIN_RELATIVE_UPDATE * scale
+
+
+def _config_at(states: list[ConfigState], step: Step) -> Optional[ConfigState]:
+    found = None
+    for state in states:
+        if state.n <= step.n and state.digest == step.config:
+            found = state
+    return found
+
+
+def _group_of(info: OptimizerInfo) -> list[int]:
+    out: list[int] = []
+    for group, size in enumerate(info.group_sizes or [len(info.names)]):
+        out.extend([group] * size)
+    return out
+
+
+def _stuck(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, steps: list[int]) -> Finding:
+    name = info.names[index] if index < len(info.names) else f"param{index}"
+    message = (f"`{name}` got non-zero gradients at optimizer steps {steps[0]}-{steps[-1]} ({len(steps)} fingerprinted "
+               f"steps) with a learning rate that should move it, but its weights never changed: something restores "
+               f"them after each step, or the optimizer's update does not reach the tensor the model uses")
+    return Finding(check=ID, severity="error", message=message, ranks=(rank,), location=_site(info),
+                   fix=("Check what runs between `optimizer.step()` and the next forward: a `load_state_dict`, a copy "
+                        "into the parameters, or a model rebuilt from saved weights undoes every update."),
+                   evidence={"case": "weights-never-change", "optimizer": info.opt, "parameter": name,
+                             "steps": steps})
+
+
+def analyze(evidence: Evidence) -> CheckResult:
+    if not evidence.any(DDPWrap):
+        return CheckResult(summary="no DDP module: nothing to compare the optimizers with", applicable=False)
+    if not evidence.any(OptimizerInfo):
+        return CheckResult(summary="no optimizer stepped", applicable=False)
+    findings = _unstepped_findings(evidence)
+    if not findings:
+        stuck = _stuck_finding(evidence)
+        if stuck is not None:
+            findings.append(stuck)
+    if findings:
+        return CheckResult(findings=findings, summary=f"the optimizers do not step the model's parameters "
+                                                      f"({fmt_ranks(r for f in findings for r in f.ranks)})")
+    return CheckResult(summary="the optimizers step every parameter the DDP models train")
+
+
+CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS)
