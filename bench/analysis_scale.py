@@ -3,7 +3,8 @@ memory. The evidence goes through the supervisor's own path (JSON lines, parsed 
 time). Prints one JSON line; bench/run.py runs it in a fresh process so the peak RSS is its own.
 
 The evidence is what a healthy job of that size writes: a DistributedSampler over 1M samples,
-200 fingerprinted optimizer steps of a 150-tensor model, and a metric all_reduce every step.
+200 fingerprinted optimizer steps of a 150-tensor model with their configuration digests, and a
+metric all_reduce every step.
 """
 
 from __future__ import annotations
@@ -35,13 +36,20 @@ def rank_lines(rank: int, world: int, steps: int, params: int, samples: int) -> 
     events: list[ev.Event] = [
         ev.InitProcessGroup(rank=rank, backend="gloo", world_size=world),
         ev.DDPWrap(rank=rank, params=names),
-        ev.OptimizerInfo(rank=rank, names=names, in_ddp=[True] * params, ddp_of=[0] * params)]
+        ev.OptimizerInfo(rank=rank, names=names, in_ddp=[True] * params, ddp_of=[0] * params, group_sizes=[params]),
+        ev.ConfigState(rank=rank, opt=0, n=1, digest="5a63ca2fc6e7",
+                       groups=[{"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1, "amsgrad": False}],
+                       modules={"0": {"count": params + 40, "eval": {}, "flips": []}},
+                       frozen={"0": {"count": params, "frozen": 0, "names": [], "more": 0}},
+                       autocast={"0": [True, "torch.bfloat16"]})]
     for n in range(1, steps + 1):
         fp = _fingerprints(n, params)
         events.append(ev.Step(rank=rank, t=float(n), seq=2 * n, n=n, grads=fp, params=fp,
-                              forwards={"0": {"synced": 1, "unsynced": 0, "inner": 1}}))
+                              forwards={"0": {"synced": 1, "unsynced": 0, "inner": 1}}, config="5a63ca2fc6e7",
+                              touched=0))
         events.append(ev.Collective(rank=rank, t=float(n), seq=2 * n + 1, op="all_reduce", n=n,
                                     tensors=[[[1], "float32"]], site=site))
+    events.append(ev.DDPUsage(rank=rank, ddp=0, iterations=steps, final=True))
     shard = list(range(rank, samples, world))
     events.append(ev.LoaderPass(
         rank=rank, t=1.0, loader="train.py:10", complete=True, final=True, num_batches=len(shard) // 32,

@@ -105,8 +105,21 @@ def _autocast_text(value: Optional[list]) -> str:
     return f"autocast on ({str(dtype).replace('torch.', '')})" if enabled else "autocast off"
 
 
+def _ranks(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0, 1, 2', 'ranks 0-511, 513-1023': runs of consecutive ranks as ranges."""
+    if len(ranks) <= 6:
+        return fmt_ranks(ranks)
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return "ranks " + ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
 def _per_group(groups: list[list[int]], texts: dict[int, str]) -> str:
-    return "; ".join(f"{fmt_ranks(g)}: {texts[g[0]]}" for g in groups)
+    return "; ".join(f"{_ranks(g)}: {texts[g[0]]}" for g in groups)
 
 
 def _differences(groups: list[list[int]], states: dict[int, Optional[ConfigState]], opt: int) -> list[dict]:
@@ -203,7 +216,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                                    f"rank at {num_compared} compared steps{sampled}")
     return CheckResult(findings=[_finding(evidence, div)],
                        summary=f"ranks train with different settings from step {div.step} "
-                               f"({fmt_ranks(r for g in div.groups for r in g)}){sampled}")
+                               f"({_ranks([r for g in div.groups for r in g])}){sampled}")
 
 
 def _finding(evidence: Evidence, div: ConfigDivergence) -> Finding:

@@ -106,22 +106,22 @@ def _models(evidence: Evidence, rank: int) -> list[_Model]:
 def _stale(evidence: Evidence, rank: int) -> dict[int, list[str]]:
     """Per optimizer: its tensors outside every DDP module that got no gradient at any fingerprinted step."""
     ev = evidence.ranks[rank]
-    out: dict[int, list[str]] = {}
-    got: dict[int, set[int]] = {}
-    seen: set[int] = set()
+    outside = {info.opt: info for info in ev.of(OptimizerInfo) if not all(info.in_ddp)}
+    if not outside:
+        return {}
+    missing: dict[int, set[int]] = {}  # positions without a gradient at every fingerprinted step so far
     for step in ev.of(Step):
-        if step.grads is None:
+        if step.grads is None or step.opt not in outside:
             continue
-        seen.add(step.opt)
-        grads = decode_fingerprints(step.grads)
-        got.setdefault(step.opt, set()).update(i for i, g in enumerate(grads) if g is not None)
-    for info in ev.of(OptimizerInfo):
-        if info.opt not in seen:
-            continue
+        # The encoding lists the positions without a gradient after a "|": no need to decode the values.
+        absent = {int(i) for i in step.grads.partition("|")[2].split(",") if i}
+        missing[step.opt] = absent if step.opt not in missing else missing[step.opt] & absent
+    out: dict[int, list[str]] = {}
+    for opt, info in outside.items():
         names = [n for i, (n, inside) in enumerate(zip(info.names, info.in_ddp))
-                 if not inside and i not in got.get(info.opt, set())]
+                 if not inside and i in missing.get(opt, set())]
         if names:
-            out[info.opt] = names
+            out[opt] = names
     return out
 
 
@@ -135,11 +135,11 @@ def _unstepped_findings(evidence: Evidence) -> list[Finding]:
         infos = {i.opt: i for i in evidence.ranks[rank].of(OptimizerInfo)}
         if not infos:
             continue
-        stale = _stale(evidence, rank)
         for model in _models(evidence, rank):
             missing = [n for n in model.trained if n not in model.stepped]
             if not missing:
                 continue
+            stale = _stale(evidence, rank)
             key = (model.index, tuple(missing), not model.stepped)
             entry = problems.setdefault(key, {"ranks": [], "model": model, "missing": missing, "stale": stale,
                                               "infos": infos})

@@ -34,6 +34,14 @@ KNOWN_BAD = {
     "hang_metric_allreduce_in_loop.py": ({"collective-hang": "error"}, {"rank-failure"}),
     "crash_at_import.py": ({"rank-failure": "error"}, set()),
     "crash_before_training.py": ({"rank-failure": "error"}, set()),
+    "bad_config_eval_rank0.py": ({"config-sync": "error"}, set()),
+    "bad_config_lr_by_rank.py": ({"config-sync": "error"}, {"gradient-sync"}),
+    "bad_optimizer_ema_copy.py": ({"optimizer-params": "error"}, set()),
+    "bad_optimizer_new_head.py": ({"optimizer-params": "error"}, set()),
+    "bad_grad_bf16_round_trip.py": ({"gradient-sync": "error"}, set()),
+    "bad_grad_device_round_trip.py": ({"gradient-sync": "error"}, set()),
+    "bad_grad_ddp_rewrap.py": ({"gradient-sync": "error"}, set()),
+    "bad_grad_comm_hook.py": ({"gradient-sync": "error"}, set()),
 }
 
 GRADIENT_CASES = {
@@ -42,6 +50,9 @@ GRADIENT_CASES = {
     "bad_grad_bypass_batchnorm.py": "ddp-bypassed",
     "bad_grad_step_in_no_sync.py": "step-in-no-sync",
     "bad_params_modified.py": "params-modified",
+    "bad_grad_bf16_round_trip.py": "converted-after-wrap",
+    "bad_grad_ddp_rewrap.py": "ddp-rewrapped",
+    "bad_grad_comm_hook.py": "comm-hook",
 }
 
 KNOWN_GOOD = [
@@ -61,6 +72,11 @@ KNOWN_GOOD = [
     "good_dispatch_batches.py",
     "good_local_reference_model.py",
     "good_closure_step.py",
+    "good_eval_rank0_restores_train.py",
+    "good_scheduler_every_rank.py",
+    "good_freeze_unfreeze.py",
+    "good_ema_copy.py",
+    "good_lr_zero_group.py",
 ]
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from builders import (SCRIPT, ddp_wrap, forwards, fp, make_evidence, merge, on_all, optimizer, process_start, step,
-                      usage)
+from builders import (SCRIPT, comm_hook, ddp_bypass, ddp_rewrap, ddp_wrap, forwards, fp, init_pg, make_evidence,
+                      merge, module_conversion, on_all, optimizer, process_start, step, usage)
+
+from ddpdoctor.schema.events import DeviceSimulation
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks import gradient_sync
@@ -191,6 +193,126 @@ def test_nan_gradient_on_one_rank_only_is_a_divergence():
         1: [step(1, [[float("nan"), float("nan")], [2.0, 3.0]])],
     })
     assert only_finding(result).evidence["case"] == "not-wrapped"
+
+
+# -- the cause, when the evidence holds it ----------------------------------------------------------
+
+def test_bypass_points_at_the_bypassing_forward_not_the_step():
+    bypass = {"0": forwards(synced=0, unsynced=0, inner=1)}
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), ddp_bypass(line=66)], {
+        0: [step(1, fp(1.0, 2.0), ddp=bypass)],
+        1: [step(1, fp(1.0, 2.5), ddp=bypass)],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "ddp-bypassed"
+    assert finding.location == Location(SCRIPT, 66)
+
+
+def test_conversion_of_the_wrapped_model_after_wrapping_is_named_with_its_lines():
+    conversions = [module_conversion("to", "torch.bfloat16", line=29, step_=4, t=1.0),
+                   module_conversion("float", "torch.float32", line=32, step_=4, t=2.0)]
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), *conversions], {
+        0: [step(5, fp(1.0, 2.0), touched=0)],
+        1: [step(5, fp(1.5, 2.0), touched=0)],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "converted-after-wrap"
+    assert "`.to(torch.bfloat16)` at train.py:29 and `.float()` at train.py:32" in finding.message
+    assert "DDP's gradient hooks and buckets still point at the old tensors" in finding.message
+    assert finding.location == Location(SCRIPT, 29)
+    assert "clip" not in finding.fix and "before wrapping" in finding.fix
+
+
+def test_a_conversion_after_the_divergence_does_not_explain_it():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), module_conversion("half", "torch.float16", step_=9)], {
+        0: [step(5, fp(1.0, 2.0))],
+        1: [step(5, fp(1.5, 2.0))],
+    })
+    assert only_finding(result).evidence["case"] == "modified-after-backward"
+
+
+def test_ddp_constructed_again_with_a_bare_forward_names_both_lines():
+    wraps = [ddp_wrap(NAMES, ddp=0, line=17), ddp_wrap(NAMES, ddp=1, line=17), ddp_rewrap(1, 0), ddp_bypass(line=81)]
+    bypass = {"0": forwards(synced=0, unsynced=0, inner=1)}
+    result = run(2, [*wraps, optimizer(NAMES)], {0: [step(2, fp(1.0, 2.0), ddp=bypass)],
+                                                1: [step(2, fp(1.2, 2.0), ddp=bypass)]})
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "ddp-rewrapped"
+    assert "constructed again around a module DDP already wraps" in finding.message
+    assert "train.py:17" in finding.message and "the bare module (at train.py:81)" in finding.message
+    assert finding.location == Location(SCRIPT, 81)
+    assert finding.evidence["first_wrap"] == {"file": SCRIPT, "line": 17}
+
+
+def test_a_rewrap_alone_does_not_hide_another_cause():
+    wraps = [ddp_wrap(NAMES, ddp=0), ddp_wrap(NAMES, ddp=1), ddp_rewrap(1, 0)]
+    result = run(2, [*wraps, optimizer(NAMES)], {0: [step(2, fp(1.0, 2.0))], 1: [step(2, fp(1.2, 2.0))]})
+    assert only_finding(result).evidence["case"] == "modified-after-backward"
+
+
+def test_gradients_that_differ_out_of_the_all_reduce_name_the_comm_hook():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook("flaky_allreduce", line=36)], {
+        0: [step(3, fp(1.0, 2.0), touched=0)],
+        1: [step(3, fp(1.001, 2.0), touched=0)],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "comm-hook"
+    assert "`flaky_allreduce` (registered at train.py:36)" in finding.message
+    assert "already differ as they come out of DDP's all-reduce" in finding.message
+    assert finding.location == Location(SCRIPT, 36)
+    assert "clip" not in finding.fix.lower()
+
+
+def test_without_a_hook_the_interconnect_is_named_and_the_reference_job_offered():
+    result = run(2, [init_pg(backend="nccl"), ddp_wrap(NAMES, line=21), optimizer(NAMES)], {
+        0: [step(3, fp(1.0, 2.0), touched=0)],
+        1: [step(3, fp(1.001, 2.0), touched=0)],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "all-reduce-differs"
+    assert "interconnect" in finding.message and "(nccl)" in finding.message
+    assert "reference job" in finding.fix and "clip" not in finding.fix.lower()
+    assert finding.location == Location(SCRIPT, 21)
+
+
+def test_reduced_gradients_equal_but_changed_afterwards_on_one_rank_is_a_modification():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
+        0: [step(3, fp(1.0, 2.0), touched=0)],
+        1: [step(3, fp(0.5, 2.0), touched=2, reduced=fp(1.0, 2.0))],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "modified-after-backward"
+    assert "rank 1 changed gradients between the end of DDP's all-reduce and the step" in finding.message
+    assert finding.evidence["changed_after_all_reduce"] == {"1": 2}
+
+
+def test_reduced_gradients_unknown_on_a_rank_keep_the_generic_case():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
+        0: [step(3, fp(1.0, 2.0), touched=0)],
+        1: [step(3, fp(1.001, 2.0))],
+    })
+    assert only_finding(result).evidence["case"] == "modified-after-backward"
+
+
+def test_a_device_round_trip_under_the_cuda_simulation_is_the_gpu_bug_it_is():
+    moves = [module_conversion("cpu", "cpu", swapped=False, device_move=True, line=36, t=1.0),
+             module_conversion("cuda", "cuda", swapped=False, device_move=True, line=39, t=2.0)]
+    steps = [step(n, fp(1.0, 2.0)) for n in (1, 2)]
+    result = run(2, [DeviceSimulation(active=True), ddp_wrap(NAMES), optimizer(NAMES), *moves], {0: steps, 1: steps})
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "device-round-trip"
+    assert "`.cpu()` at train.py:36, then `.cuda()` at train.py:39" in finding.message
+    assert "CUDA simulation" in finding.message
+    assert finding.location == Location(SCRIPT, 36)
+
+
+def test_a_cpu_call_on_a_cpu_model_without_simulation_is_nothing():
+    moves = [module_conversion("cpu", "cpu", swapped=False, device_move=True, t=1.0),
+             module_conversion("to", "cpu", swapped=False, device_move=True, t=2.0)]
+    steps = [step(n, fp(1.0, 2.0)) for n in (1, 2)]
+    assert run(2, [ddp_wrap(NAMES), optimizer(NAMES), *moves], {0: steps, 1: steps}).findings == []
+    assert run(2, [DeviceSimulation(active=True), ddp_wrap(NAMES), optimizer(NAMES), moves[0]],
+               {0: steps, 1: steps}).findings == []
 
 
 # -- the check stays silent -------------------------------------------------------------------------

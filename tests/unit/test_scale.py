@@ -3,10 +3,10 @@ would show as a slow test (no timing assertion)."""
 
 from __future__ import annotations
 
-from builders import (ddp_wrap, distributed_sampler, distributed_shard, fp, loader_pass, make_evidence, optimizer,
-                      step)
+from builders import (config_state, ddp_wrap, distributed_sampler, distributed_shard, fp, loader_pass, make_evidence,
+                      optimizer, step, usage)
 
-from ddpdoctor.checks import gradient_sync, sampler_disjoint
+from ddpdoctor.checks import config_sync, gradient_sync, optimizer_params, sampler_disjoint
 
 WORLD = 1024
 PER_RANK = 16
@@ -48,16 +48,20 @@ def test_sampler_disjoint_on_1024_ranks_with_padding_is_info():
     assert finding.evidence["num_padding_duplicates"] == 7
 
 
-def grad_evidence(world_size, *, odd_rank=None, num_steps=3):
+def grad_evidence(world_size, *, odd_rank=None, num_steps=3, odd_config=None):
     names = [f"layer{i}.weight" for i in range(NUM_PARAMS)]
     events = {}
     for r in range(world_size):
-        evs = [ddp_wrap(names), optimizer(names)]
+        evs = [ddp_wrap(names), optimizer(names), usage(num_steps), config_state(1, "A")]
         for n in range(1, num_steps + 1):
             grads = fp(*[0.01 * i * n for i in range(NUM_PARAMS)])
             if r == odd_rank and n == num_steps:
                 grads[NUM_PARAMS - 1] = [1e6, 1e6]
-            evs.append(step(n, grads, fp(*[1.0 + i for i in range(NUM_PARAMS)])))
+            digest = "A"
+            if r == odd_config and n == num_steps:
+                evs.append(config_state(n, "B", lr=0.2))
+                digest = "B"
+            evs.append(step(n, grads, fp(*[1.0 + i + 0.1 * n for i in range(NUM_PARAMS)]), config=digest))
         events[r] = evs
     return make_evidence(world_size, events)
 
@@ -86,3 +90,16 @@ def test_gradient_sync_on_1024_unwrapped_ranks_that_all_differ():
     assert finding.evidence["parameter"] == "w"
     assert len(finding.evidence["rank_groups"]) == WORLD
     assert finding.ranks == tuple(range(WORLD))
+
+
+def test_config_sync_and_optimizer_params_on_1024_healthy_ranks_are_clean():
+    evidence = grad_evidence(WORLD)
+    assert config_sync.analyze(evidence).findings == []
+    assert optimizer_params.analyze(evidence).findings == []
+
+
+def test_config_sync_on_1024_ranks_finds_the_odd_rank():
+    (finding,) = config_sync.analyze(grad_evidence(WORLD, odd_config=512)).findings
+    assert finding.evidence["step"] == 3
+    assert finding.evidence["rank_groups"] == [[r for r in range(WORLD) if r != 512], [512]]
+    assert "`lr`: ranks 0-511, 513-1023: 0.1; rank 512: 0.2" in finding.message

@@ -1,0 +1,133 @@
+"""optimizer-params on synthetic evidence: copies, replaced parameters, the backstop, and the
+patterns that are correct (several optimizers, ZeRO, frozen parameters, lr 0, EMA copies)."""
+
+from __future__ import annotations
+
+from builders import (SCRIPT, config_state, ddp_rewrap, ddp_wrap, fp, make_evidence, merge, on_all, optimizer, step,
+                      usage)
+
+from ddpdoctor.analysis.api import Location
+from ddpdoctor.checks.optimizer_params import analyze
+
+MODEL = ("conv.weight", "conv.bias", "fc.weight", "fc.bias")
+
+
+def run(setup, per_rank=None, world_size=2):
+    return analyze(make_evidence(world_size, merge(on_all(world_size, *setup), per_rank or {})))
+
+
+def trained(iterations=4, unused=None, ddp=0):
+    return usage(iterations, unused, ddp=ddp)
+
+
+def test_the_optimizer_over_a_copy_of_the_model_is_an_error():
+    copy = optimizer([f"{n}" for n in MODEL], in_ddp=[False] * 4, built_line=24)
+    result = run([ddp_wrap(MODEL, line=22), copy, trained(),
+                  step(1, [None] * 4, fp(1, 2, 3, 4)), step(2, [None] * 4, fp(1, 2, 3, 4))])
+    (finding,) = result.findings
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.evidence["case"] == "model-not-stepped"
+    assert "no optimizer steps the parameters of the DDP model (wrapped at train.py:22)" in finding.message
+    assert "steps 4 tensors that the model's forward never uses" in finding.message
+    assert "the model's weights never change" in finding.message
+    assert finding.location == Location(SCRIPT, 24)
+    assert "model.parameters()" in finding.fix
+
+
+def test_a_head_replaced_after_the_optimizer_was_built_is_named():
+    old_head = ["fc.weight", "fc.bias"]
+    opt = optimizer(["conv.weight", "conv.bias", *old_head], in_ddp=[True, True, False, False], built_line=23)
+    result = run([ddp_wrap(MODEL), opt, trained(), step(1, [[1.0, 1.0], [1.0, 1.0], None, None])])
+    (finding,) = result.findings
+    assert finding.evidence["case"] == "parameters-not-stepped"
+    assert finding.evidence["not_stepped"] == ["fc.weight", "fc.bias"]
+    assert "2 parameters of the DDP model get gradients but no optimizer steps them: `fc.weight`, `fc.bias`" \
+        in finding.message
+    assert "holds 2 tensors that are no longer in the model: replaced after the optimizer was built" in finding.message
+    assert finding.location == Location(SCRIPT, 23)
+
+
+def test_parameters_added_to_the_model_without_a_stale_copy_are_still_named():
+    opt = optimizer(["conv.weight", "conv.bias"])
+    (finding,) = run([ddp_wrap(MODEL), opt, trained()]).findings
+    assert finding.evidence["not_stepped"] == ["fc.weight", "fc.bias"]
+    assert "no longer in the model" not in finding.message
+
+
+def test_several_optimizers_that_together_cover_the_model_are_correct():
+    body = optimizer(["conv.weight", "conv.bias"], opt=0)
+    head = optimizer(["fc.weight", "fc.bias"], opt=1)
+    assert run([ddp_wrap(MODEL), body, head, trained()]).findings == []
+
+
+def test_gan_two_models_two_optimizers():
+    gen = ddp_wrap(["g.weight"], ddp=0)
+    critic = ddp_wrap(["c.weight"], ddp=1)
+    opt_g = optimizer(["g.weight"], ddp_of=[0], opt=0)
+    opt_d = optimizer(["ddp1:c.weight"], ddp_of=[1], opt=1)
+    result = run([gen, critic, opt_g, opt_d, trained(ddp=0), trained(ddp=1)])
+    assert result.findings == []
+    assert result.summary == "the optimizers step every parameter the DDP models train"
+
+
+def test_frozen_and_unused_parameters_need_no_optimizer():
+    # A parameter frozen before wrapping is not DDP's; one that never gets a gradient needs no step.
+    wrap = ddp_wrap(["fc.weight", "fc.bias", "aux.weight"])
+    assert run([wrap, optimizer(["fc.weight", "fc.bias"]), trained(4, {2: 4})]).findings == []
+
+
+def test_a_model_that_never_ran_a_backward_is_not_judged():
+    assert run([ddp_wrap(MODEL), optimizer(["conv.weight"])]).findings == []
+
+
+def test_the_same_module_wrapped_again_counts_once():
+    wraps = [ddp_wrap(MODEL, ddp=0), ddp_wrap(MODEL, ddp=1), ddp_rewrap(1, 0)]
+    result = run([*wraps, optimizer(MODEL), trained(ddp=0), trained(ddp=1)])
+    assert result.findings == []
+
+
+def test_not_applicable_without_ddp_or_without_optimizer():
+    assert not run([optimizer(MODEL, in_ddp=[False] * 4)]).applicable
+    assert not run([ddp_wrap(MODEL)]).applicable
+
+
+# -- the backstop ----------------------------------------------------------------------------------
+
+def stuck_steps(*, lr=0.1, num_steps=6, change=False, grads=1.0):
+    events = []
+    for n in range(1, num_steps + 1):
+        param = 1.0 + (0.01 * n if change else 0.0)
+        events += [config_state(n, f"c{n}", lr=lr),
+                   step(n, [[grads, grads], [grads, grads]], [[param, param], [2.0 + 0.01 * n, 2.0 + 0.01 * n]],
+                        config=f"c{n}")]
+    return events
+
+
+def test_weights_with_gradients_that_never_change_are_an_error():
+    (finding,) = run([ddp_wrap(), optimizer(built_line=31), trained()], {0: stuck_steps(), 1: stuck_steps()}).findings
+    assert finding.evidence["case"] == "weights-never-change"
+    assert finding.evidence["parameter"] == "fc.weight"
+    assert finding.evidence["steps"] == [2, 3, 4, 5, 6]
+    assert "`fc.weight` got non-zero gradients at optimizer steps 2-6" in finding.message
+    assert finding.location == Location(SCRIPT, 31)
+
+
+def test_weights_that_change_are_fine():
+    setup = [ddp_wrap(), optimizer(), trained()]
+    assert run(setup, {0: stuck_steps(change=True), 1: stuck_steps(change=True)}).findings == []
+
+
+def test_a_param_group_with_lr_zero_is_a_deliberate_freeze():
+    setup = [ddp_wrap(), optimizer(), trained()]
+    assert run(setup, {0: stuck_steps(lr=0.0), 1: stuck_steps(lr=0.0)}).findings == []
+
+
+def test_updates_below_the_weights_precision_are_not_a_bug():
+    setup = [ddp_wrap(), optimizer(), trained()]
+    assert run(setup, {0: stuck_steps(lr=1e-9), 1: stuck_steps(lr=1e-9)}).findings == []
+
+
+def test_fewer_stuck_steps_than_the_threshold_are_not_reported():
+    setup = [ddp_wrap(), optimizer(), trained()]
+    assert run(setup, {0: stuck_steps(num_steps=5), 1: stuck_steps(num_steps=5)}).findings == []
