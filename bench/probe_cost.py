@@ -1,7 +1,10 @@
 """Where a probed step's time goes, in one process (1 rank): the same training step with no probes,
 with every probe, and with every probe but one kind, so each probe's share shows.
 
-    python bench/probe_cost.py [--model gpt|mlp] [--steps 40]
+    python bench/probe_cost.py [--model gpt|mlp] [--steps 40] [--clock wall|cpu]
+
+``--clock cpu`` times each step by the process's CPU time: on a CPU-only machine shared with other
+jobs, one thread's CPU time is what the probes cost, where wall time mostly measures the others.
 """
 
 from __future__ import annotations
@@ -46,7 +49,10 @@ def build(kind: str, device: torch.device):
     return model, batch, loss_fn
 
 
-def measure(kind: str, steps: int, variant: str) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def measure(kind: str, steps: int, variant: str, clock: str = "wall") -> float:
     from torch.nn.parallel import DistributedDataParallel
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -58,7 +64,7 @@ def measure(kind: str, steps: int, variant: str) -> float:
         x, y = batch()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = CLOCKS[clock]()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             out = ddp(x)
         loss_fn(out, y).backward()
@@ -67,16 +73,16 @@ def measure(kind: str, steps: int, variant: str) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         if step >= 5:
-            times.append((time.perf_counter() - start) * 1000)
+            times.append((CLOCKS[clock]() - start) * 1000)
     return statistics.median(times)
 
 
-def run_variant(kind: str, steps: int, variant: str, every: int) -> float:
+def run_variant(kind: str, steps: int, variant: str, every: int, clock: str = "wall") -> float:
     """A fresh process per variant: probes cannot be uninstalled cleanly in between."""
     import subprocess
 
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import probe_cost; "
-            f"probe_cost.child({kind!r}, {steps}, {variant!r}, {every})")
+            f"probe_cost.child({kind!r}, {steps}, {variant!r}, {every}, {clock!r})")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     for line in out.stdout.splitlines():
         if line.startswith("MEDIAN_MS "):
@@ -84,7 +90,7 @@ def run_variant(kind: str, steps: int, variant: str, every: int) -> float:
     raise RuntimeError(out.stdout[-2000:] + out.stderr[-3000:])
 
 
-def child(kind: str, steps: int, variant: str, every: int) -> None:
+def child(kind: str, steps: int, variant: str, every: int, clock: str = "wall") -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0")
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
@@ -95,11 +101,27 @@ def child(kind: str, steps: int, variant: str, every: int) -> None:
 
         if variant == "all probes but the gradient hooks":  # the DDP probe's registrations become no-ops
             torch.Tensor.register_post_accumulate_grad_hook = lambda self, hook: None  # type: ignore
+        if "but #22's" in variant:
+            _without_issue_22_probes()
         rec = Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=every))
         probes.install(rec)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    print(f"MEDIAN_MS {measure(kind, steps, variant):.3f}", flush=True)
+    print(f"MEDIAN_MS {measure(kind, steps, variant, clock):.3f}", flush=True)
     dist.destroy_process_group()
+
+
+def _without_issue_22_probes() -> None:
+    """Leave out what config-sync, optimizer-params and gradient-sync's causes added (issue #22): the
+    config and wrapping probes, and the optimizer probe's param-group check, configuration digest
+    and reuse of DDP's reduced gradients."""
+    from ddpdoctor.rank import probes
+    from ddpdoctor.rank.probes import optimizer as optimizer_probe
+    from ddpdoctor.rank.probes import wrapping
+
+    probes.PROBE_MODULES = tuple(m for m in probes.PROBE_MODULES if m not in ("config", "wrapping"))
+    optimizer_probe._watch_param_groups = lambda *args: None
+    optimizer_probe._capture_config = lambda *args: None
+    wrapping.reduced_for = lambda *args: None
 
 
 def main() -> None:
@@ -107,16 +129,20 @@ def main() -> None:
     parser.add_argument("--model", choices=("gpt", "mlp"), default="gpt" if torch.cuda.is_available() else "mlp")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or the process's CPU time (robust on a shared machine)")
     args = parser.parse_args()
     variants = [("no probes", 0), ("all probes, fingerprint every step", 1),
+                ("all probes but #22's, fingerprint every step", 1),
                 ("all probes, fingerprint no step (schedule past step 200)", 10**9),
+                ("all probes but #22's, fingerprint no step", 10**9),
                 ("all probes but the gradient hooks", 10**9)]
     results: dict[str, list[float]] = {v: [] for v, _ in variants}
     for _ in range(args.rounds):
         for variant, every in variants:
-            results[variant].append(run_variant(args.model, args.steps, variant, every))
+            results[variant].append(run_variant(args.model, args.steps, variant, every, args.clock))
     base = statistics.median(results["no probes"])
-    print(f"\nprobe cost per step, {args.model}, 1 rank, "
+    print(f"\nprobe cost per step ({args.clock} clock), {args.model}, 1 rank, "
           f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU, 1 thread'}")
     for variant, values in results.items():
         value = statistics.median(values)

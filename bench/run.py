@@ -4,7 +4,8 @@
     python bench/run.py --quick         # fewer rounds and smaller sizes (about 6 minutes)
     python bench/run.py --only overhead,hangs
 
-Sections: fingerprint (in one process), overhead (step time, interleaved with TORCH_DISTRIBUTED_DEBUG),
+Sections: fingerprint (in one process), config (#22's probes in one process), overhead (step time,
+interleaved with TORCH_DISTRIBUTED_DEBUG),
 verdict (reference job), hangs (hang -> report), sampler (10M samples), analysis (1024 ranks),
 volume (100k steps), gpu (bench/gpu.py, only where CUDA is present). Results go in BENCHMARKS.md.
 """
@@ -26,7 +27,7 @@ from overhead import bench_overhead  # noqa: E402
 from scale import bench_analysis, bench_sampler, bench_volume  # noqa: E402
 from verdict import bench_verdict  # noqa: E402
 
-SECTIONS = ("fingerprint", "overhead", "verdict", "hangs", "sampler", "analysis", "volume", "gpu")
+SECTIONS = ("fingerprint", "config", "overhead", "verdict", "hangs", "sampler", "analysis", "volume", "gpu")
 
 
 def bench_gpu(quick: bool) -> None:
@@ -60,6 +61,8 @@ def main() -> None:
 def run_section(section: str, cwd: str, quick: bool) -> None:
     if section == "fingerprint":
         bench_fingerprint()
+    elif section == "config":
+        subprocess.run([PY, str(ROOT / "bench" / "config_cost.py")], check=False)  # its own process group
     elif section == "overhead":
         bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60)
     elif section == "verdict":

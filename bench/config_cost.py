@@ -1,0 +1,106 @@
+"""What config-sync, optimizer-params and gradient-sync's causes cost a step, in one process: each
+probe's own work timed alone (one thread), next to the step it rides on.
+
+- the configuration digest, on fingerprinted steps: one attribute read per module and parameter,
+  the param groups' values, a hash;
+- the param-group check, before every step: the groups' values compared with the previous step's;
+- ``model.train()`` through the patch that records mode changes (every nested call passes it);
+- a ``param_groups`` read from user code (the writer-candidate note).
+
+    python bench/config_cost.py      (also: python bench/run.py --only config)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import table  # noqa: E402
+
+
+def _median_us(fn: Callable[[], object], repeats: int = 200) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return statistics.median(samples)
+
+
+def _models():
+    import torch.nn as nn
+
+    from gpt_step import GPT
+
+    mlp = nn.Sequential(*[layer for _ in range(9) for layer in (nn.Linear(1024, 1024), nn.ReLU())], nn.Linear(1024, 10))
+    gpt = GPT(vocab=32000, width=768, depth=12, heads=12, context=512)
+    return [("MLP 9x1024 (9.5M params)", mlp), ("GPT 12x768 (135M params)", gpt)]
+
+
+def bench_config() -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    torch.set_num_threads(1)
+    from ddpdoctor.rank import probes
+    from ddpdoctor.rank.probes import config as config_probe
+    from ddpdoctor.rank.recorder import Recorder
+    from ddpdoctor.schema.settings import RankSettings
+
+    original_train = torch.nn.Module.train
+    finish = probes.install(Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=1)))
+    dist.init_process_group("gloo")
+    rows = []
+    try:
+        for label, net in _models():
+            model = DistributedDataParallel(net)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            num_modules = sum(1 for _ in model.modules())
+            if "MLP" in label:
+                x, y = torch.randn(32, 1024), torch.randint(0, 10, (32,))
+
+                def step() -> None:
+                    optimizer.zero_grad()
+                    F.cross_entropy(model(x), y).backward()
+                    optimizer.step()
+            else:
+                tokens = torch.randint(0, 32000, (1, 65))
+
+                def step() -> None:
+                    optimizer.zero_grad()
+                    F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+                    optimizer.step()
+
+            step_us = _median_us(step, repeats=5)
+            watch = config_probe.ParamGroupsWatch(optimizer)
+            index = config_probe.MODULES[id(model)][0]  # this wrapper's DDP index
+            digest_us = _median_us(lambda: config_probe.capture(optimizer, [index], None)[0])
+            check_us = _median_us(lambda: watch.check(optimizer, 0, 1))
+            patched_us = _median_us(model.train)
+            plain_us = _median_us(lambda: original_train(model))
+            read_us = _median_us(lambda: optimizer.param_groups)
+            rows.append([label, num_modules, f"{step_us / 1000:.1f}", f"{digest_us:.0f}", f"{check_us:.1f}",
+                         f"{plain_us:.0f} -> {patched_us:.0f}", f"{read_us:.2f}"])
+    finally:
+        dist.destroy_process_group()
+        finish()
+    table("#22 probes in one process (1 thread): configuration digest (fingerprinted steps only), param-group "
+          "check (every step), model.train() without -> with the patch, a param_groups read from user code",
+          ["model", "modules", "step ms (batch 32 / 64 tokens)", "digest us", "group check us",
+           "train() us", "param_groups read us"], rows)
+
+
+if __name__ == "__main__":
+    bench_config()
