@@ -180,7 +180,8 @@ def _mode_site(evidence: Evidence, groups: list[list[int]], states: dict, ddp: s
             call = calls[-1]
             location = Location.from_site(call.site)
             return location, {"rank": rank, "call": f"{call.type_name}.eval()" if call.name in ("", None) else
-                              f"`{call.name}`.eval()", "site": call.site, "after_step": call.step}
+                              f"{call.name}.eval()", "at": location.to_json() if location else None,
+                              "after_step": call.step}
     return None, None
 
 
@@ -198,8 +199,9 @@ def _write_site(evidence: Evidence, groups: list[list[int]], opt: int, key: str,
                                          for o in sites if o != rank)]
         if mine and mine[-1].sites:
             write = mine[-1]
-            return Location.from_site(write.sites), {"rank": rank, "via": write.via, "sites": write.sites,
-                                                     "before_step": write.n}
+            location = Location.from_site(write.sites)
+            return location, {"rank": rank, "via": write.via, "at": location.to_json() if location else None,
+                              "candidates": write.sites, "before_step": write.n}
     return None, None
 
 
@@ -235,27 +237,28 @@ def _finding(evidence: Evidence, div: ConfigDivergence) -> Finding:
         location, changed = _write_site(evidence, div.groups, div.optimizer, hyper["key"], div.step)
         if location is None and info is not None:
             location = Location.from_site(info.built_at or info.site)
-            changed = {"built_at": info.built_at or info.site}
+            changed = {"optimizer_built_at": location.to_json() if location else None}
     ranks = tuple(sorted(r for g in div.groups for r in g))
     what = "; ".join(f"{d['label']}: {d['text']}" for d in diffs[:3]) if diffs else "their configuration digests differ"
     message = f"the ranks train with different settings from optimizer step {div.step} ({optimizer}): {what}"
-    if changed and changed.get("site"):
-        message += (f"; rank {changed['rank']} switched to eval mode at {short_site(Location.from_site(changed['site']))} "
+    if changed and changed.get("call"):
+        message += (f"; rank {changed['rank']} switched to eval mode at {short_site(location)} "
                     f"after step {changed['after_step']} and never back")
-    elif changed and changed.get("sites"):
+    elif changed and changed.get("candidates"):
         how = "an LR scheduler's step" if changed["via"] == "scheduler" else "a write to `param_groups`"
-        message += (f"; rank {changed['rank']} changed it by {how} at {short_site(Location.from_site(changed['sites']))} "
+        message += (f"; rank {changed['rank']} changed it by {how} at {short_site(location)} "
                     f"before step {changed['before_step']}, the other ranks did not")
-    elif changed and changed.get("built_at"):
+    elif changed and changed.get("optimizer_built_at"):
         message += f"; the values differ since the optimizer was built ({short_site(location)})"
     fix = _fix(kinds)
     evidence_out = {
+        "what": [f"{d['label']}: {d['text']}" for d in diffs],
         "step": div.step,
         "optimizer": div.optimizer,
+        "changed_by": changed,
+        "last_identical_step": div.last_identical_step,
         "rank_groups": div.groups,
         "differs": diffs,
-        "changed_at": changed,
-        "last_identical_step": div.last_identical_step,
     }
     return Finding(check=ID, severity="error", message=message, fix=fix, ranks=ranks, location=location,
                    evidence=evidence_out)

@@ -97,8 +97,16 @@ CONVERSION_FIX = ("Convert or move the model before wrapping it in DistributedDa
 
 
 def _call(event: ModuleConversion) -> str:
-    args = event.target if event.method in ("to", "type") else ""
-    return f"`.{event.method}({args})` at {short_site(Location.from_site(event.site))}"
+    return f"`{_method(event)}` at {short_site(Location.from_site(event.site))}"
+
+
+def _method(event: ModuleConversion) -> str:
+    return f".{event.method}({event.target if event.method in ('to', 'type') else ''})"
+
+
+def _at(site) -> Optional[dict]:
+    location = Location.from_site(site)
+    return location.to_json() if location else None
 
 
 def _conversions(evidence: Evidence, ranks, before: dict[int, int]) -> list[ModuleConversion]:
@@ -152,7 +160,8 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
                      f"the wrapped model was converted after DDP wrapped it ({calls}): its parameters got new storage, "
                      f"while DDP's gradient hooks and buckets still point at the old tensors, so the gradients are no "
                      f"longer averaged", CONVERSION_FIX, Location.from_site(conversions[0].site),
-                     {"conversions": [{"method": c.method, "target": c.target, "site": c.site} for c in conversions]})
+                     {"conversions": [{"call": _method(c), "at": _at(c.site), "after_step": c.step}
+                                      for c in conversions]})
     bypass_at, bypass = _first_site(evidence, DDPBypass, ranks)
     rewraps = [e for r in ranks for e in evidence.ranks[r].of(DDPRewrap)]
     if rewraps and (bypass is not None or not in_ddp):
@@ -160,9 +169,11 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
         wraps = facts.ddp_wraps
         first_at = _wrap_site(evidence, first.previous)
         again_at = Location.from_site(next(iter(wraps.get(first.ddp, {}).values())).site) if wraps.get(first.ddp) else None
-        times = len({e.ddp for e in rewraps if e.rank == first.rank})
-        why = (f"DistributedDataParallel is constructed again around a module DDP already wraps (first at "
-               f"{short_site(first_at)}, again at {short_site(again_at)}, {times} time{'s' if times > 1 else ''})")
+        wrappers = 1 + len({e.ddp for e in rewraps if e.rank == first.rank})
+        where = (f"at {short_site(first_at)}" if first_at == again_at
+                 else f"first at {short_site(first_at)}, again at {short_site(again_at)}")
+        why = (f"DistributedDataParallel is constructed again around a module DDP already wraps ({wrappers} wrappers "
+               f"around it, {where})")
         if bypass is not None:
             why += (f", and the forward alternates between a DDP wrapper and the bare module (at "
                     f"{short_site(bypass_at)}): the bare module's forwards skip DDP's gradient all-reduce")
@@ -219,7 +230,7 @@ def _allreduce_case(evidence: Evidence, ranks: list[int], ddp_index: Optional[in
                      "Make the communication hook return the same reduced tensor on every rank: no rank-dependent "
                      "branches, randomness or in-place edits after the all-reduce. Run once without "
                      "`register_comm_hook` to confirm it is the hook.",
-                     location, {"comm_hook": {"name": hook.name, "module": hook.module, "site": hook.site}})
+                     location, {"comm_hook": {"name": hook.name, "module": hook.module, "at": _at(hook.site)}})
     backend = next((e.backend for _, e in evidence.events(InitProcessGroup) if e.backend), "the backend")
     return _Case("all-reduce-differs",
                  f"the gradients already differ as they come out of DDP's all-reduce, with no communication hook and "
@@ -255,8 +266,8 @@ def _round_trip(evidence: Evidence) -> Optional[Finding]:
                f"this CPU-only run makes both moves no-ops, which is why the gradients still agree here")
     return Finding(check=ID, severity="error", message=message, fix=CONVERSION_FIX, ranks=tuple(ranks),
                    location=Location.from_site(off.site),
-                   evidence={"case": "device-round-trip", "moves": [{"method": e.method, "target": e.target,
-                                                                     "site": e.site} for e in pair]})
+                   evidence={"case": "device-round-trip",
+                             "moves": [{"call": _method(e), "at": _at(e.site), "after_step": e.step} for e in pair]})
 
 
 def analyze(evidence: Evidence) -> CheckResult:

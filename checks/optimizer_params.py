@@ -103,8 +103,9 @@ def _models(evidence: Evidence, rank: int) -> list[_Model]:
             for index, wrap in sorted(wraps.items())]
 
 
-def _stale(evidence: Evidence, rank: int) -> dict[int, list[str]]:
-    """Per optimizer: its tensors outside every DDP module that got no gradient at any fingerprinted step."""
+def _stale(evidence: Evidence, rank: int) -> dict[int, list[int]]:
+    """Per optimizer: positions of its tensors outside every DDP module that got no gradient at any
+    fingerprinted step."""
     ev = evidence.ranks[rank]
     outside = {info.opt: info for info in ev.of(OptimizerInfo) if not all(info.in_ddp)}
     if not outside:
@@ -116,12 +117,11 @@ def _stale(evidence: Evidence, rank: int) -> dict[int, list[str]]:
         # The encoding lists the positions without a gradient after a "|": no need to decode the values.
         absent = {int(i) for i in step.grads.partition("|")[2].split(",") if i}
         missing[step.opt] = absent if step.opt not in missing else missing[step.opt] & absent
-    out: dict[int, list[str]] = {}
+    out: dict[int, list[int]] = {}
     for opt, info in outside.items():
-        names = [n for i, (n, inside) in enumerate(zip(info.names, info.in_ddp))
-                 if not inside and i in missing.get(opt, set())]
-        if names:
-            out[opt] = names
+        positions = [i for i, inside in enumerate(info.in_ddp) if not inside and i in missing.get(opt, set())]
+        if positions:
+            out[opt] = positions
     return out
 
 
@@ -147,25 +147,34 @@ def _unstepped_findings(evidence: Evidence) -> list[Finding]:
     return [_unstepped_finding(**entry) for entry in problems.values()]
 
 
-def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], stale: dict[int, list[str]],
+def _shapes(info: OptimizerInfo, positions: list[int]) -> str:
+    shapes = [info.shapes[i] for i in positions[:4] if i < len(info.shapes)]
+    return ", ".join(str(list(s)) for s in shapes) + (", ..." if len(positions) > 4 else "")
+
+
+def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], stale: dict[int, list[int]],
                        infos: dict[int, OptimizerInfo]) -> Finding:
     num_stale = sum(len(v) for v in stale.values())
     holder = infos.get(next(iter(stale), -1)) or next(iter(infos.values()))
+    stale_here = stale.get(holder.opt, [])
     wrapped_at = Location.from_site(model.wrap.site)
+    built_at = _site(holder)
     names = ", ".join(f"`{n}`" for n in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
     evidence_out = {
         "case": "model-not-stepped" if not model.stepped else "parameters-not-stepped",
-        "ddp": model.index,
         "not_stepped": missing,
-        "num_model_parameters": len(model.wrap.params),
-        "stale_tensors": {str(k): v for k, v in stale.items()},
+        "model_parameters": len(model.wrap.params),
+        "model_wrapped_at": wrapped_at.to_json() if wrapped_at else None,
         "optimizer": holder.opt,
-        "optimizer_built_at": holder.built_at or holder.site,
+        "optimizer_built_at": built_at.to_json() if built_at else None,
+        "tensors_not_in_model": [{"optimizer": opt, "count": len(positions),
+                                  "shapes": [infos[opt].shapes[i] for i in positions if i < len(infos[opt].shapes)]}
+                                 for opt, positions in stale.items() if opt in infos],
     }
     if not model.stepped:
         if num_stale:
             message = (f"no optimizer steps the parameters of the DDP model (wrapped at {short_site(wrapped_at)}): "
-                       f"optimizer {holder.opt} ({holder.type_name}, built at {short_site(_site(holder))}) steps "
+                       f"optimizer {holder.opt} ({holder.type_name}, built at {short_site(built_at)}) steps "
                        f"{num_stale} tensor{'s' if num_stale > 1 else ''} that the model's forward never uses (they "
                        f"get no gradient), so the model's weights never change: a copy of the model "
                        f"(`copy.deepcopy`), or tensors replaced after the optimizer was built")
@@ -178,14 +187,14 @@ def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], s
     else:
         message = (f"{len(missing)} parameter{'s' if len(missing) > 1 else ''} of the DDP model get gradients but no "
                    f"optimizer steps them: {names}; they keep their initial values")
-        if num_stale:
-            message += (f". Optimizer {holder.opt} (built at {short_site(_site(holder))}) holds {num_stale} "
-                        f"tensor{'s' if num_stale > 1 else ''} that are no longer in the model: replaced after the "
-                        f"optimizer was built")
+        if stale_here:
+            message += (f". Optimizer {holder.opt} (built at {short_site(built_at)}) holds {len(stale_here)} "
+                        f"tensor{'s' if len(stale_here) > 1 else ''} that are no longer in the model (shapes "
+                        f"{_shapes(holder, stale_here)}): replaced after the optimizer was built")
         fix = ("Build the optimizer after the last change to the model (a new head, a replaced layer), over "
                "`model.parameters()`, or add the new parameters with `optimizer.add_param_group`. Freeze what must "
                "not train with `requires_grad_(False)`.")
-    return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=_site(holder),
+    return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=built_at,
                    evidence=evidence_out)
 
 

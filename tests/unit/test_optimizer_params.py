@@ -44,7 +44,8 @@ def test_a_head_replaced_after_the_optimizer_was_built_is_named():
     assert finding.evidence["not_stepped"] == ["fc.weight", "fc.bias"]
     assert "2 parameters of the DDP model get gradients but no optimizer steps them: `fc.weight`, `fc.bias`" \
         in finding.message
-    assert "holds 2 tensors that are no longer in the model: replaced after the optimizer was built" in finding.message
+    assert "holds 2 tensors that are no longer in the model (shapes [1], [1]): replaced after the optimizer was built" \
+        in finding.message
     assert finding.location == Location(SCRIPT, 23)
 
 
