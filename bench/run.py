@@ -43,6 +43,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer rounds, smaller sizes")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--baseline-python", metavar="PATH",
+                        help="overhead: also time the default schedule of the ddpdoctor installed for this Python")
     args = parser.parse_args()
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
@@ -52,19 +54,19 @@ def main() -> None:
     quick = args.quick
     for section in chosen:
         try:
-            run_section(section, cwd, quick)
+            run_section(section, cwd, quick, args.baseline_python)
         except Exception as exc:  # one broken section must not hide the others' tables
             print(f"\n{section}: FAILED: {type(exc).__name__}: {exc}")
         sys.stdout.flush()
 
 
-def run_section(section: str, cwd: str, quick: bool) -> None:
+def run_section(section: str, cwd: str, quick: bool, baseline_python: str | None = None) -> None:
     if section == "fingerprint":
         bench_fingerprint()
     elif section == "config":
         subprocess.run([PY, str(ROOT / "bench" / "config_cost.py")], check=False)  # its own process group
     elif section == "overhead":
-        bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60)
+        bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60, baseline_python=baseline_python)
     elif section == "verdict":
         bench_verdict(cwd, rounds=1 if quick else 3)
     elif section == "hangs":

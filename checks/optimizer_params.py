@@ -129,13 +129,27 @@ def _site(info: Optional[OptimizerInfo]) -> Optional[Location]:
     return Location.from_site(info.built_at or info.site) if info else None
 
 
+def _description(evidence: Evidence, rank: int) -> tuple:
+    """What the comparison depends on for one rank, as a hashable key: ranks that describe their
+    models and optimizers alike (the common case, a thousand of them) are judged once."""
+    ev = evidence.ranks[rank]
+    usage = evidence.facts.ddp_usage
+    return (tuple((w.ddp, tuple(w.params)) for w in ev.of(DDPWrap)),
+            tuple((i.opt, tuple(i.names), tuple(i.ddp_of)) for i in ev.of(OptimizerInfo)),
+            tuple((d, u[rank].iterations, tuple(u[rank].unused.items())) for d, u in usage.items() if rank in u))
+
+
 def _unstepped_findings(evidence: Evidence) -> list[Finding]:
     problems: dict[tuple, dict] = {}
+    judged: dict[tuple, list[_Model]] = {}
     for rank in sorted(evidence.ranks):
         infos = {i.opt: i for i in evidence.ranks[rank].of(OptimizerInfo)}
         if not infos:
             continue
-        for model in _models(evidence, rank):
+        key = _description(evidence, rank)
+        if key not in judged:
+            judged[key] = _models(evidence, rank)
+        for model in judged[key]:
             missing = [n for n in model.trained if n not in model.stepped]
             if not missing:
                 continue

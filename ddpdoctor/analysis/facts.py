@@ -180,22 +180,30 @@ class Facts:
         return found
 
     @functools.cached_property
-    def sampled_steps(self) -> dict[tuple[int, int], dict[int, Step]]:
-        """(optimizer step, optimizer) -> rank -> its Step, for steps with fingerprints or a config
-        digest, in step order."""
+    def _sampled(self) -> tuple[dict[tuple[int, int], dict[int, Step]], bool, bool]:
         by_step: dict[tuple[int, int], dict[int, Step]] = {}
+        without_grads = without_config = False
         for rank, event in self.evidence.events(Step):
             if event.grads is not None or event.config is not None:
                 by_step.setdefault((event.n, event.opt), {})[rank] = event
-        return dict(sorted(by_step.items()))
+                without_grads = without_grads or event.grads is None
+                without_config = without_config or event.config is None
+        return dict(sorted(by_step.items())), without_grads, without_config
+
+    @property
+    def sampled_steps(self) -> dict[tuple[int, int], dict[int, Step]]:
+        """(optimizer step, optimizer) -> rank -> its Step, for steps with fingerprints or a config
+        digest, in step order."""
+        return self._sampled[0]
 
     @functools.cached_property
     def divergence(self) -> tuple[Optional[Divergence], int]:
         """The first (step, parameter) whose fingerprints differ across ranks, and how many steps compared."""
         num_compared = 0
         last_identical: dict[int, int] = {}
-        for (n, opt), sampled in self.sampled_steps.items():
-            events = {r: e for r, e in sampled.items() if e.grads is not None}
+        steps, without_grads, _ = self._sampled
+        for (n, opt), sampled in steps.items():
+            events = {r: e for r, e in sampled.items() if e.grads is not None} if without_grads else sampled
             if len(events) < 2:
                 continue
             num_compared += 1
@@ -223,10 +231,14 @@ class Facts:
         """The first sampled step of an optimizer of a DDP module at which ranks' configuration
         digests differ, and how many steps were compared (strings, as the fingerprints are)."""
         trained = self.ddp_optimizers
+        untrained = {(rank, e.opt) for rank, e in self.evidence.events(OptimizerInfo)} - trained
+        steps, _, without_config = self._sampled
         num_compared = 0
         last_identical: dict[int, int] = {}
-        for (n, opt), sampled in self.sampled_steps.items():
-            events = {r: e for r, e in sampled.items() if e.config is not None and (r, opt) in trained}
+        for (n, opt), sampled in steps.items():
+            events = sampled
+            if without_config or untrained:  # the common case, every step of DDP optimizers digested, skips this
+                events = {r: e for r, e in sampled.items() if e.config is not None and (r, opt) in trained}
             if len(events) < 2:
                 continue
             num_compared += 1
