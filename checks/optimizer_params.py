@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -213,7 +214,9 @@ def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], s
 
 
 def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
-    """The backstop: weights with non-zero gradients and a real learning rate that never change."""
+    """The backstop: weights with non-zero gradients and a real learning rate that never change,
+    whether the optimizer's update does not reach them (equal after consecutive fingerprinted steps)
+    or something writes the same values back before each step (equal when written)."""
     if not evidence.ranks:
         return None
     rank = min(evidence.ranks)
@@ -221,16 +224,18 @@ def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
     states: dict[int, list[ConfigState]] = {}
     for state in ev.of(ConfigState):
         states.setdefault(state.opt, []).append(state)
-    previous: dict[int, tuple[int, list]] = {}
+    previous: dict[int, tuple[list, Optional[list]]] = {}  # opt -> (params after, params written before)
     streaks: dict[tuple[int, int], list[int]] = {}
+    restored: set[tuple[int, int]] = set()
     for step in ev.of(Step):
         if step.grads is None or step.params is None:
             continue
         info = evidence.facts.optimizer_info(rank, step.opt, step.n)
         config = _config_at(states.get(step.opt, []), step)
         params = decode_fingerprints(step.params)
+        written = decode_fingerprints(step.written) if step.written else None
         before = previous.get(step.opt)
-        previous[step.opt] = (step.n, params)
+        previous[step.opt] = (params, written)
         if before is None or info is None or config is None:
             continue
         grads = decode_fingerprints(step.grads)
@@ -238,17 +243,22 @@ def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
         adaptive = any(a in info.type_name for a in ADAPTIVE)
         for i, (grad, param) in enumerate(zip(grads, params)):
             key = (step.opt, i)
-            old = before[1][i] if i < len(before[1]) else None
             group = config.groups[groups[i]] if i < len(groups) and groups[i] < len(config.groups) else {}
             lr = group.get("lr")
-            if (grad is None or not grad[0] or param is None or param != old or not isinstance(lr, (int, float))
-                    or not _moves(lr, grad, param, adaptive)):
+            same_after = param is not None and i < len(before[0]) and param == before[0][i]
+            same_written = (written is not None and before[1] is not None and i < len(written) and i < len(before[1])
+                            and written[i] is not None and written[i] == before[1][i])
+            if (grad is None or not grad[0] or not math.isfinite(grad[0]) or not (same_after or same_written)
+                    or not isinstance(lr, (int, float)) or not _moves(lr, grad, param or [0.0, 0.0], adaptive)):
                 streaks.pop(key, None)
+                restored.discard(key)
                 continue
             streak = streaks.setdefault(key, [])
             streak.append(step.n)
+            if same_written:
+                restored.add(key)
             if len(streak) >= STUCK_STEPS:
-                return _stuck(evidence, rank, info, i, streak)
+                return _stuck(evidence, rank, info, i, streak, restored=key in restored)
     return None
 
 
@@ -274,16 +284,26 @@ def _group_of(info: OptimizerInfo) -> list[int]:
     return out
 
 
-def _stuck(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, steps: list[int]) -> Finding:
+def _stuck(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, steps: list[int], *, restored: bool
+           ) -> Finding:
     name = info.names[index] if index < len(info.names) else f"param{index}"
-    message = (f"`{name}` got non-zero gradients at optimizer steps {steps[0]}-{steps[-1]} ({len(steps)} fingerprinted "
-               f"steps) with a learning rate that should move it, but its weights never changed: something restores "
-               f"them after each step, or the optimizer's update does not reach the tensor the model uses")
-    return Finding(check=ID, severity="error", message=message, ranks=(rank,), location=_site(info),
-                   fix=("Check what runs between `optimizer.step()` and the next forward: a `load_state_dict`, a copy "
-                        "into the parameters, or a model rebuilt from saved weights undoes every update."),
-                   evidence={"case": "weights-never-change", "optimizer": info.opt, "parameter": name,
-                             "steps": steps})
+    last = evidence.facts.sampled_steps.get((steps[-1], info.opt), {})
+    mine = last.get(rank)
+    ranks = tuple(sorted(r for r, e in last.items() if mine is not None and e.params == mine.params)) or (rank,)
+    head = (f"`{name}` got non-zero gradients at optimizer steps {steps[0]}-{steps[-1]} ({len(steps)} fingerprinted "
+            f"steps) with a learning rate that should move it, but its weights never changed: ")
+    if restored:
+        message = head + ("something outside the optimizer writes the same values back into it before each step "
+                          "(its version counter moved between steps: a `load_state_dict`, a `copy_` of saved weights)")
+        fix = ("Do not restore the weights inside the training loop: load a checkpoint once, before training (and "
+               "before wrapping the model in DDP).")
+    else:
+        message = head + "the optimizer's update does not reach the tensor the model uses"
+        fix = ("Check what the optimizer holds: build it over `model.parameters()` after every change to the model, "
+               "and let nothing replace the parameters' data after it was built.")
+    return Finding(check=ID, severity="error", message=message, ranks=ranks, location=_site(info), fix=fix,
+                   evidence={"case": "weights-restored" if restored else "weights-never-change", "optimizer": info.opt,
+                             "parameter": name, "steps": steps})
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -295,7 +315,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not findings:
         stuck = _stuck_finding(evidence)
         if stuck is not None:
-            findings.append(stuck)
+            return CheckResult(findings=[stuck], summary=f"the weights of `{stuck.evidence['parameter']}` never change "
+                                                         f"despite its gradients")
     if findings:
         return CheckResult(findings=findings, summary=f"the optimizers do not step the model's parameters "
                                                       f"({fmt_ranks(r for f in findings for r in f.ranks)})")

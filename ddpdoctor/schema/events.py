@@ -239,7 +239,7 @@ class Step(Event):
     """
 
     kind: ClassVar[str] = "step"
-    omit_if_none: ClassVar[frozenset[str]] = frozenset({"config", "touched", "reduced"})
+    omit_if_none: ClassVar[frozenset[str]] = frozenset({"config", "touched", "reduced", "written"})
     opt: int = 0
     n: int = 0
     grads: Optional[str] = None  # encoded fingerprints (schema/fingerprints.py), None when not sampled
@@ -252,6 +252,9 @@ class Step(Event):
     config: Optional[str] = None
     touched: Optional[int] = None
     reduced: Optional[str] = None
+    # Parameters written outside the optimizer since its previous step (their version counters moved:
+    # a load_state_dict, a copy_, a clamp): their fingerprints before this step, None for the others.
+    written: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)

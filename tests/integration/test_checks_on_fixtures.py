@@ -38,6 +38,7 @@ KNOWN_BAD = {
     "bad_config_lr_by_rank.py": ({"config-sync": "error"}, {"gradient-sync"}),
     "bad_optimizer_ema_copy.py": ({"optimizer-params": "error"}, set()),
     "bad_optimizer_new_head.py": ({"optimizer-params": "error"}, set()),
+    "bad_optimizer_weights_restored.py": ({"optimizer-params": "error"}, set()),
     "bad_grad_bf16_round_trip.py": ({"gradient-sync": "error"}, set()),
     "bad_grad_device_round_trip.py": ({"gradient-sync": "error"}, set()),
     "bad_grad_ddp_rewrap.py": ({"gradient-sync": "error"}, set()),

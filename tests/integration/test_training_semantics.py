@@ -61,6 +61,14 @@ def test_head_replaced_after_the_optimizer_names_the_head_and_the_optimizer_line
     assert _at(finding, fixture, "optimizer = torch.optim.SGD(net.parameters()")
 
 
+def test_weights_loaded_inside_the_loop_are_caught_by_the_backstop(run_check):
+    fixture = "bad_optimizer_weights_restored.py"
+    (finding,) = run_check(fixture).findings("optimizer-params", "error")
+    assert finding["evidence"]["case"] == "weights-restored"
+    assert finding["ranks"] == [0, 1]
+    assert "never changed" in finding["message"] and "load_state_dict" in finding["message"]
+
+
 def test_bf16_round_trip_after_wrapping_names_both_conversions(run_check):
     fixture = "bad_grad_bf16_round_trip.py"
     (finding,) = run_check(fixture).findings("gradient-sync", "error")

@@ -8,6 +8,7 @@ from builders import (SCRIPT, config_state, ddp_rewrap, ddp_wrap, fp, make_evide
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.optimizer_params import analyze
+from ddpdoctor.schema.fingerprints import encode_fingerprints
 
 MODEL = ("conv.weight", "conv.bias", "fc.weight", "fc.bias")
 
@@ -95,13 +96,17 @@ def test_not_applicable_without_ddp_or_without_optimizer():
 
 # -- the backstop ----------------------------------------------------------------------------------
 
-def stuck_steps(*, lr=0.1, num_steps=6, change=False, grads=1.0):
+def stuck_steps(*, lr=0.1, num_steps=6, change=False, grads=1.0, restored=False):
+    """Fingerprinted steps of fc.weight (stuck, unless ``change``) and fc.bias (always moving).
+    ``restored``: fc.weight moves at each step but is written back to 1.0 before the next."""
     events = []
     for n in range(1, num_steps + 1):
-        param = 1.0 + (0.01 * n if change else 0.0)
-        events += [config_state(n, f"c{n}", lr=lr),
-                   step(n, [[grads, grads], [grads, grads]], [[param, param], [2.0 + 0.01 * n, 2.0 + 0.01 * n]],
-                        config=f"c{n}")]
+        param = 1.0 + (0.01 * n if change or restored else 0.0)
+        event = step(n, [[grads, grads], [grads, grads]], [[param, param], [2.0 + 0.01 * n, 2.0 + 0.01 * n]],
+                     config=f"c{n}")
+        if restored and n > 1:
+            event.written = encode_fingerprints([[1.0, 1.0], None])
+        events += [config_state(n, f"c{n}", lr=lr), event]
     return events
 
 
@@ -112,6 +117,25 @@ def test_weights_with_gradients_that_never_change_are_an_error():
     assert finding.evidence["steps"] == [2, 3, 4, 5, 6]
     assert "`fc.weight` got non-zero gradients at optimizer steps 2-6" in finding.message
     assert finding.location == Location(SCRIPT, 31)
+
+
+def test_weights_written_back_before_every_step_are_an_error_that_says_so():
+    result = run([ddp_wrap(), optimizer(built_line=31), trained()],
+                 {0: stuck_steps(restored=True, num_steps=7), 1: stuck_steps(restored=True, num_steps=7)})
+    (finding,) = result.findings
+    assert finding.evidence["case"] == "weights-restored"
+    assert finding.evidence["steps"] == [3, 4, 5, 6, 7]
+    assert "writes the same values back into it before each step" in finding.message
+    assert "load_state_dict" in finding.message
+    assert result.summary == "the weights of `fc.weight` never change despite its gradients"
+
+
+def test_weights_written_between_steps_to_new_values_are_fine():
+    # Clamping or renormalizing after each step writes the weights, but not back to the same values.
+    events = stuck_steps(change=True, num_steps=7)
+    for n, event in enumerate(e for e in events if e.kind == "step"):
+        event.written = encode_fingerprints([[1.0 + 0.001 * n, 1.0], None])
+    assert run([ddp_wrap(), optimizer(), trained()], {0: events, 1: events}).findings == []
 
 
 def test_weights_that_change_are_fine():

@@ -56,6 +56,8 @@ class _OptimizerState:
         self.last_digest: Optional[str] = None
         self.reduced: Optional[wrapping.Reduced] = None
         self.scale: Optional[fingerprints.Pending] = None
+        self.versions: Optional[list[int]] = None  # parameters' version counters after a step before a sampled one
+        self.written: Optional[fingerprints.Pending] = None
 
     def forwards_since_last_step(self) -> dict[str, dict[str, int]]:
         out = {}
@@ -112,12 +114,16 @@ def install(rec: Recorder) -> Callable[[], None]:
         if state.sampled:
             with rec.guard(PROBE, "config"):
                 _capture_config(state, optimizer)
+        state.written = None
         if state.sampled and not state.closure:
             params = _params_of(optimizer)
             with rec.guard(PROBE, "reduced gradients"):
                 state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
             if state.reduced is None or not state.reduced.reusable:
                 state.pending_grads = fingerprints.start([p.grad for p in params])
+            with rec.guard(PROBE, "written parameters"):
+                state.written = _written_since_last_step(state, params)
+        state.versions = None
 
     def after_step(optimizer) -> None:
         if not outer or outer[-1] is not optimizer:
@@ -133,9 +139,12 @@ def install(rec: Recorder) -> Callable[[], None]:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 _fingerprint_step(rec, state, optimizer, step)
         rec.emit(step)
-        state.pending_grads = state.reduced = state.scale = state.config = None
+        state.pending_grads = state.reduced = state.scale = state.config = state.written = None
+        next_sampled = should_fingerprint(state.num_steps + 1, rec.fingerprint_every)
+        if next_sampled:  # what writes the parameters before the next step shows in their version counters
+            state.versions = [p._version for p in _params_of(optimizer)]
         with rec.guard(PROBE, "reduced gradients"):
-            wrapping.stepped(sorted(state.owned_ddp), should_fingerprint(state.num_steps + 1, rec.fingerprint_every))
+            wrapping.stepped(sorted(state.owned_ddp), next_sampled)
         rec.set_activity("training")
 
     def pre_hook(optimizer, args, kwargs):
@@ -210,12 +219,15 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
     if state.closure:
         grads = fingerprints.start([p.grad for p in params])
     reduced = state.reduced if not state.closure else None
-    extra = [*(reduced.pendings if reduced is not None else []), *([state.scale] if state.scale is not None else [])]
+    extra = [*(reduced.pendings if reduced is not None else []), *([state.scale] if state.scale is not None else []),
+             *([state.written] if state.written is not None else [])]
     if grads is None and reduced is None:
         return
     resolved = fingerprints.resolve(*([grads] if grads is not None else []), fingerprints.start(params), *extra)
     grad_values = resolved.pop(0) if grads is not None else None
     param_values = resolved.pop(0)
+    if state.written is not None:
+        step.written = encode_fingerprints(resolved.pop())
     scale_value = resolved.pop()[0][1] if state.scale is not None else None
     if reduced is not None:
         as_reduced = reduced.values(resolved, grad_values)
@@ -233,6 +245,15 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         if digest != state.last_digest:
             state.last_digest = digest
             rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest, **{**detail(), "scale": scale_value}))
+
+
+def _written_since_last_step(state: _OptimizerState, params: list) -> Optional[fingerprints.Pending]:
+    """Fingerprints of the parameters written outside the optimizer since its previous step (None
+    when none was, the common case: one version-counter read per parameter)."""
+    if state.versions is None or len(state.versions) != len(params):
+        return None
+    written = [p if p._version != v else None for p, v in zip(params, state.versions)]
+    return fingerprints.start(written) if any(w is not None for w in written) else None
 
 
 def _grad_scaler() -> Optional[torch.amp.GradScaler]:
