@@ -9,7 +9,7 @@ from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import Divergence
-from ddpdoctor.schema.events import (CommHook, DDPBypass, DDPRewrap, DDPWrap, DeviceSimulation, InitProcessGroup,
+from ddpdoctor.schema.events import (CommHook, DDPBypass, DDPRewrap, DeviceSimulation, InitProcessGroup,
                                      ModuleConversion, Step)
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.sampling import describe

@@ -16,7 +16,6 @@ from typing import Any, Iterable, Optional
 import torch
 
 MAX_NAMES = 24  # names kept per list of the detail: enough to explain, bounded for huge models
-SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "MultiheadAttention", "Transformer")
 
 
 def flags(ddp: torch.nn.Module) -> tuple[bytes, bytes]:

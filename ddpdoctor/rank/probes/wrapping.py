@@ -53,7 +53,6 @@ class Snapshot:
 @dataclass
 class _Wrapped:
     index: int
-    ddp: "weakref.ref[DistributedDataParallel]"
     params: list  # parameters that required grad at wrapping, in DDP's order
     positions: dict = field(default_factory=dict)  # id(parameter) -> position in params
     bypasses: int = 0
@@ -62,12 +61,13 @@ class _Wrapped:
 
 WRAPPED: dict[int, _Wrapped] = {}  # DDP index ->
 BY_OBJECT: dict[int, int] = {}  # id(DDP wrapper) -> DDP index
-ROOTS: dict[int, int] = {}  # id(wrapper or wrapped module) -> DDP index: what a conversion must reach
+ROOTS: dict[int, int] = {}  # id(wrapper, or a module it wraps) -> DDP index: what a conversion must reach
 INNER: dict[int, tuple] = {}  # id(wrapped module) -> (weakref to it, first DDP index wrapping it)
 SNAPSHOTS: dict[int, Snapshot] = {}
 NEXT_SAMPLED: dict[int, bool] = {}  # DDP index -> whether its optimizers' next step is fingerprinted
 OWNER_STEPS: dict[int, int] = {}  # DDP index -> steps of optimizers owning it so far
 OWNED: set[int] = set()  # DDP modules an optimizer stepped (the others are snapshot once, not every iteration)
+CONVERSION_SITES: set = set()  # (DDP index, method, call site) already recorded
 
 
 class _Depth:
@@ -88,11 +88,12 @@ def install(rec: Recorder) -> Callable[[], None]:
                 return original(self, fn, *args, **kwargs)
             _Depth.apply += 1
             _Depth.hits = set()
-            before = {}
-            if WRAPPED:
+            first = before = None
+            if ROOTS:
                 if id(self) in ROOTS:
                     _Depth.hits.add(ROOTS[id(self)])
-                before = {i: _first_param_state(w) for i, w in WRAPPED.items()}
+                first = next(self.parameters(), None)
+                before = _tensor_state(first)
             try:
                 return original(self, fn, *args, **kwargs)
             finally:
@@ -100,7 +101,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                 _Depth.apply -= 1
                 if hits:
                     with rec.guard(PROBE, "Module._apply"):
-                        _converted(rec, hits, before, sys._getframe(1))
+                        _converted(rec, hits, before, _tensor_state(first), sys._getframe(1))
 
         return _apply
 
@@ -129,7 +130,7 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPSt
     index = state.index
     inner = ddp.module
     params = [p for _, p in inner.named_parameters() if p.requires_grad]
-    wrapped = _Wrapped(index=index, ddp=weakref.ref(ddp), params=params,
+    wrapped = _Wrapped(index=index, params=params,
                        positions={id(p): i for i, p in enumerate(params)})
     WRAPPED[index] = wrapped
     BY_OBJECT[id(ddp)] = index
@@ -138,7 +139,8 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPSt
     first_wrap = previous is None or previous[0]() is not inner
     if first_wrap:
         INNER[id(inner)] = (weakref.ref(inner), index)
-        ROOTS[id(inner)] = index
+        for module in inner.modules():
+            ROOTS.setdefault(id(module), index)
     else:
         rec.emit(DDPRewrap(ddp=index, previous=previous[1]))
 
@@ -177,16 +179,15 @@ def _bypassed(rec: Recorder, wrapped: Optional[_Wrapped], frame) -> None:
         rec.emit(DDPBypass(ddp=wrapped.index, forwards=wrapped.bypasses, site=site))
 
 
-def _first_param_state(wrapped: _Wrapped) -> Optional[tuple]:
-    if not wrapped.params:
+def _tensor_state(tensor: Optional[torch.Tensor]) -> Optional[tuple]:
+    if tensor is None:
         return None
-    p = wrapped.params[0]
-    return str(p.dtype), str(p.device), p.data_ptr() if p.device.type != "meta" else 0
+    return str(tensor.dtype), str(tensor.device), tensor.data_ptr() if tensor.device.type != "meta" else 0
 
 
-def _converted(rec: Recorder, hits: set, before: dict, frame) -> None:
+def _converted(rec: Recorder, hits: set, before: Optional[tuple], after: Optional[tuple], frame) -> None:
     """Record a conversion that reached DDP modules: which method, what it asked for, whether the
-    parameters got new storage."""
+    parameters got new storage (the converted module's first parameter tells)."""
     method_frame = frame
     while method_frame is not None and method_frame.f_code.co_name == "_apply":
         method_frame = method_frame.f_back
@@ -195,23 +196,16 @@ def _converted(rec: Recorder, hits: set, before: dict, frame) -> None:
         return
     target, device_move = _target(method, method_frame.f_locals if method_frame is not None else {})
     site = callsite.user_frames(method_frame, 2)
-    seen = getattr(rec, "_ddpdoctor_conversion_sites", None)
-    if seen is None:
-        seen = set()
-        setattr(rec, "_ddpdoctor_conversion_sites", seen)
     for index in sorted(hits):
-        wrapped = WRAPPED.get(index)
-        if wrapped is None:
-            continue
-        old, new = before.get(index), _first_param_state(wrapped)
         key = (index, method, tuple((s["file"], s["line"]) for s in site[:1]))
-        if key in seen:
+        if key in CONVERSION_SITES:
             continue
-        seen.add(key)
+        CONVERSION_SITES.add(key)
         rec.emit(ModuleConversion(
-            ddp=index, method=method, target=target, device_move=device_move, swapped=old is not None and old != new,
-            dtype_before=old[0] if old else "", dtype_after=new[0] if new else "",
-            device_before=old[1] if old else "", device_after=new[1] if new else "", site=site))
+            ddp=index, method=method, target=target, device_move=device_move,
+            swapped=before is not None and before != after,
+            dtype_before=before[0] if before else "", dtype_after=after[0] if after else "",
+            device_before=before[1] if before else "", device_after=after[1] if after else "", site=site))
 
 
 def _target(method: str, frame_locals: dict) -> tuple[str, bool]:
