@@ -132,17 +132,18 @@ def _wrap_site(evidence: Evidence, ddp: Optional[int]) -> Optional[Location]:
 
 
 def _reduced(div: Divergence) -> Optional[dict[int, list]]:
-    """Each rank's fingerprint of the divergent gradient as DDP's all-reduce left it, when every
-    rank knows it."""
+    """Each rank's norm of the divergent gradient as DDP's all-reduce left it (as [norm]), when
+    every rank knows it: its gradients before the step when none changed since, else Step.reduced."""
     out = {}
     for rank, step in div.events.items():
         if step.touched is None:
             return None
-        encoded = step.reduced if step.reduced is not None else step.grads
+        encoded = step.reduced if step.touched else step.grads
         values = decode_fingerprints(encoded or "")
         if div.index >= len(values):
             return None
-        out[rank] = values[div.index]
+        value = values[div.index]
+        out[rank] = None if value is None else [value[0]]
     return out
 
 

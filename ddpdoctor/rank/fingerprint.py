@@ -33,10 +33,11 @@ class Pending:
 
 
 @torch.no_grad()
-def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
+def start(tensors: Sequence[Optional[torch.Tensor]], *, norms_only: bool = False) -> Pending:
     """Launch the fingerprint kernels of ``tensors`` without waiting for them.
 
     Per-tensor Python work is kept to attribute reads: on a 150-tensor model it is what costs most.
+    ``norms_only``: one read per tensor instead of two; each value is then [norm, norm].
     """
     groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = defaultdict(list)
     integers: list[tuple[int, torch.Tensor]] = []
@@ -58,13 +59,14 @@ def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
     parts = []
     for i, t in integers:  # integer buffers such as num_batches_tracked: few and tiny, still no sync here
         wide = t.double()
-        parts.append(([i], torch.stack([wide.norm(), wide.max()])))
+        norm = wide.norm()
+        parts.append(([i], torch.stack([norm, norm if norms_only else wide.max()])))
     for (_, dtype), members in groups.items():  # per dtype: the fused kernels take one dtype at a time
         tensors_ = [t for _, t in members]
         # Accumulate float16/bfloat16 in float32, the others in their own precision: an explicit
         # dtype for float32 takes a slower path on CUDA, and float64 is twenty times slower on the CPU.
         norms = torch._foreach_norm(tensors_, 2, dtype=torch.float32 if dtype in _LOW_PRECISION else None)
-        maxes = torch._foreach_max(tensors_)
+        maxes = norms if norms_only else torch._foreach_max(tensors_)
         parts.append(([i for i, _ in members], torch.stack([*norms, *maxes])))
     return Pending(len(tensors), parts, fixed)
 

@@ -247,8 +247,9 @@ class Step(Event):
     forwards: dict = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
     # On sampled steps: a digest of what must agree across ranks (ConfigState holds the detail);
-    # how many of the gradients were replaced or changed in place after DDP's all-reduce finished
-    # (None: not known); their fingerprints as the all-reduce left them when that is not 0.
+    # how many gradients changed between the end of DDP's all-reduce and the step, by their norms
+    # (None: not known); when that is not 0, the gradients' norms as the all-reduce left them
+    # ([norm, norm] pairs; a gradient DDP does not reduce: its own value before the step).
     config: Optional[str] = None
     touched: Optional[int] = None
     reduced: Optional[str] = None

@@ -13,9 +13,10 @@ Two patterns real code uses shape this probe:
 
 Every step also compares the param groups' values with the previous step's (a write names its
 line, :mod:`ddpdoctor.rank.probes.config`). Sampled steps carry a digest of what must agree across
-ranks (``Step.config``, the detail in a ``ConfigState`` when it changes) and whether the gradients
-are still those DDP's all-reduce left (:mod:`ddpdoctor.rank.probes.wrapping`): then its snapshot
-stands for them and the gradients are not read a second time.
+ranks (``Step.config``, the detail in a ``ConfigState`` when it changes), how many gradients
+changed since DDP's all-reduce left them (``Step.touched``, against the norms
+:mod:`ddpdoctor.rank.probes.wrapping` took then, written in ``Step.reduced`` when not 0), and the
+parameters written outside the optimizer since its previous step (``Step.written``).
 """
 
 from __future__ import annotations
@@ -117,10 +118,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.written = None
         if state.sampled and not state.closure:
             params = _params_of(optimizer)
+            state.pending_grads = fingerprints.start([p.grad for p in params])
             with rec.guard(PROBE, "reduced gradients"):
                 state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
-            if state.reduced is None or not state.reduced.reusable:
-                state.pending_grads = fingerprints.start([p.grad for p in params])
             with rec.guard(PROBE, "written parameters"):
                 state.written = _written_since_last_step(state, params)
         state.versions = None
@@ -218,23 +218,19 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
     grads = state.pending_grads
     if state.closure:
         grads = fingerprints.start([p.grad for p in params])
+    if grads is None:
+        return
     reduced = state.reduced if not state.closure else None
     extra = [*(reduced.pendings if reduced is not None else []), *([state.scale] if state.scale is not None else []),
              *([state.written] if state.written is not None else [])]
-    if grads is None and reduced is None:
-        return
-    resolved = fingerprints.resolve(*([grads] if grads is not None else []), fingerprints.start(params), *extra)
-    grad_values = resolved.pop(0) if grads is not None else None
-    param_values = resolved.pop(0)
+    resolved = fingerprints.resolve(grads, fingerprints.start(params), *extra)
+    grad_values, param_values = resolved.pop(0), resolved.pop(0)
     if state.written is not None:
         step.written = encode_fingerprints(resolved.pop())
     scale_value = resolved.pop()[0][1] if state.scale is not None else None
     if reduced is not None:
-        as_reduced = reduced.values(resolved, grad_values)
-        step.touched = reduced.touched
-        if grad_values is None:
-            grad_values = as_reduced
-        else:
+        step.touched, as_reduced = reduced.compare(resolved, grad_values)
+        if step.touched:
             step.reduced = encode_fingerprints(as_reduced)
     step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
     if state.config is not None:

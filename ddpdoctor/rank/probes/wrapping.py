@@ -8,14 +8,15 @@ of a divergence, and the gradients as DDP's all-reduce left them.
   its parameters get new storage while DDP's hooks and buckets keep the old. Under the CUDA
   simulation a device move changes nothing on the CPU, so the call itself is recorded;
 - communication hooks (``register_comm_hook``);
-- on sampled iterations, the gradients at the end of DDP's backward, after its all-reduce finished
-  and before any user code ran: an autograd callback queued from a hook on the forward's output
-  queues a second one, which runs after the callback DDP queues to finish its reduction. The
-  optimizer probe compares them with the gradients it fingerprints before the step: when no
-  gradient was replaced or changed in place in between, it reuses them instead of reading the
-  gradients again.
+- on sampled iterations, the norms of the gradients at the end of DDP's backward, after its
+  all-reduce finished and before any user code ran: an autograd callback queued from a hook on the
+  forward's output queues a second one, which runs after the callback DDP queues to finish its
+  reduction. The optimizer probe compares them with the gradients it fingerprints before the step,
+  by value (version counters miss writes through ``.data`` and GradScaler's unscale): whether the
+  gradients already differed across ranks out of the all-reduce, or were changed afterwards.
 
-Per forward: two module hooks and a flag (a third, the output hook, on sampled iterations only).
+Per forward: two module hooks and a flag (a third, the output hook, on sampled iterations only);
+per sampled iteration one read of the gradients (norms only).
 """
 
 from __future__ import annotations
@@ -43,10 +44,9 @@ MAX_OUTPUT_HOOKS = 8
 
 @dataclass
 class Snapshot:
-    """One DDP module's gradients at the end of a synchronized backward."""
+    """The norms of one DDP module's gradients at the end of a synchronized backward."""
 
     pending: fingerprints.Pending
-    grads: list  # per parameter: (weakref to its grad, version) or None
     owner_steps: int  # OWNER_STEPS of this DDP module when taken: valid until one of its optimizers steps
 
 
@@ -270,65 +270,53 @@ def _snapshot(rec: Recorder, index: int) -> None:
         wrapped = WRAPPED.get(index)
         if wrapped is None:
             return
-        grads = [p.grad for p in wrapped.params]
-        refs = [(weakref.ref(g), g._version) if g is not None else None for g in grads]
-        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start(grads), grads=refs,
+        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start([p.grad for p in wrapped.params], norms_only=True),
                                     owner_steps=OWNER_STEPS.get(index, 0))
         if index not in OWNED:
             NEXT_SAMPLED[index] = False
 
 
 def reduced_for(params: list, ddp_indices: list[int]) -> Optional["Reduced"]:
-    """How the gradients of an optimizer about to step ``params`` compare with DDP's snapshots of
-    its modules; None when no valid snapshot covers any of them."""
+    """Where each of an optimizer's parameters is in the snapshots of its DDP modules; None when no
+    valid snapshot covers any of them."""
     snapshots = []
-    numbers: dict[int, int] = {}
     for index in ddp_indices:
         snap = SNAPSHOTS.get(index)
         if snap is not None and snap.owner_steps == OWNER_STEPS.get(index, 0):
-            numbers[index] = len(snapshots)
             snapshots.append((index, snap))
     if not snapshots:
         return None
     where: list = []
-    touched = uncovered = 0
     for p in params:
         found = None
-        for index, snap in snapshots:
+        for number, (index, _) in enumerate(snapshots):
             position = WRAPPED[index].positions.get(id(p))
             if position is not None:
-                found = (numbers[index], position)
-                grad, ref = p.grad, snap.grads[position]
-                if (grad is None) != (ref is None) or (grad is not None and (ref[0]() is not grad or ref[1] != grad._version)):
-                    touched += 1
+                found = (number, position)
                 break
-        if found is None:
-            uncovered += 1
         where.append(found)
-    return Reduced(touched=touched, uncovered=uncovered, pendings=[snap.pending for _, snap in snapshots], where=where)
+    return Reduced(pendings=[snap.pending for _, snap in snapshots], where=where)
 
 
 @dataclass
 class Reduced:
-    """An optimizer's gradients against the end of DDP's backward: ``touched`` changed since,
-    ``uncovered`` not reduced by a DDP module with a snapshot, ``where`` per parameter
-    (snapshot number, position) or None."""
+    """An optimizer's parameters in DDP's snapshots: ``where`` per parameter (snapshot number,
+    position), None for one no snapshot covers (not reduced by DDP)."""
 
-    touched: int
-    uncovered: int
     pendings: list
     where: list
 
-    @property
-    def reusable(self) -> bool:
-        """The snapshots hold every gradient exactly as the optimizer will see it."""
-        return self.touched == 0 and self.uncovered == 0
-
-    def values(self, resolved: list[list], before_step: Optional[list]) -> list:
-        """Per parameter, its gradient's fingerprint as DDP left it (an uncovered one's: as read
-        before the step)."""
-        return [resolved[w[0]][w[1]] if w is not None else (before_step[i] if before_step else None)
-                for i, w in enumerate(self.where)]
+    def compare(self, resolved: list[list], before_step: list) -> tuple[int, list]:
+        """(how many gradients changed between DDP's all-reduce and the step, their norms as the
+        all-reduce left them as [norm, norm]); an uncovered gradient counts as unchanged."""
+        reduced, changed = [], 0
+        for i, w in enumerate(self.where):
+            now = before_step[i] if i < len(before_step) else None
+            value = resolved[w[0]][w[1]] if w is not None else (None if now is None else [now[0], now[0]])
+            if (value is None) != (now is None) or (value is not None and value[0] != now[0]):
+                changed += 1
+            reduced.append(value)
+        return changed, reduced
 
 
 def stepped(ddp_indices: list[int], next_sampled: bool) -> None:
