@@ -6,7 +6,8 @@ a misspelt field is a TypeError, not a silently missing value.
 
 Every event carries the recorder's common fields: wall time ``t``, the global ``rank`` (None
 before the process group exists), ``step`` (optimizer steps this process completed) and ``seq``
-(collectives it had called), which orders events across ranks through collectives.
+(the number of world-group collectives it had taken part in, DDP's own included where the backend
+numbers them: see :class:`Collective`), which orders events across ranks through collectives.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ __all__ = [
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
     "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
-    "ContentPass",
+    "ContentPass", "InternalCollectives", "INTERNAL_PHASES",
 ]
 
-SCHEMA_VERSION = 3  # 3: step fingerprints as encoded strings
+SCHEMA_VERSION = 4  # 3: step fingerprints as encoded strings; 4: collectives numbered by the process group
 
 Site = list  # innermost-first user frames: [{"file", "line", "function"}]
 Frames = list  # outermost-first frames: [{"file", "line", "function", "code", "user"}]
@@ -101,6 +102,7 @@ class InitProcessGroup(Event):
     kind: ClassVar[str] = "init_pg"
     backend: str = ""
     world_size: int = 0
+    numbering: str = "calls"  # "pg": collectives numbered by the backend (DDP's own included); "calls": traced calls
     local_rank: Optional[int] = None
     node_rank: Optional[int] = None
     host: str = ""
@@ -341,7 +343,14 @@ class ContentPass(Event):
 
 @dataclass(kw_only=True, slots=True)
 class Collective(Event):
-    """A user-level torch.distributed call. ``group``: None for the world group, else its ranks."""
+    """A user-level torch.distributed call. ``group``: None for the world group, else its ranks.
+
+    ``n`` is the call's number on its group. Where the backend numbers its collectives (gloo and
+    NCCL do: the flight recorder's ``collective_seq_id``), ``n`` counts every collective the rank
+    took part in on that group, DDP's own included (see :class:`InternalCollectives`): a call that
+    issues several (``all_gather_object``: 2) is ``n`` .. ``n + units - 1``; point-to-point calls take
+    no number (``units`` 0). Elsewhere ``n`` counts the traced calls.
+    """
 
     kind: ClassVar[str] = "collective"
     op: str = ""
@@ -350,6 +359,37 @@ class Collective(Event):
     group: Any = None
     site: Site = field(default_factory=list)
     rank_branch: bool = False
+    units: int = 1  # collectives the call issued on its group, as numbered by ``n``
+    pg_seq: Optional[int] = None  # the backend's sequence number of its first collective (flight recorder id)
+
+
+# What issued collectives no traced call made: "ddp-init" (the constructor's broadcasts), "ddp-forward"
+# (buffer broadcast, first-iteration bucket rebuild), "ddp-backward" (gradient bucket all-reduces, the
+# find_unused_parameters bitmap), "other" (anything else: Join's shadow collectives, comm libraries).
+INTERNAL_PHASES = ("ddp-init", "ddp-forward", "ddp-backward", "other")
+
+
+@dataclass(kw_only=True, slots=True)
+class InternalCollectives(Event):
+    """Collectives on the world group that a library issued without a traced torch.distributed call.
+
+    They hold positions ``first`` .. ``first + count - 1`` of the rank's collective numbering (the
+    numbering of :attr:`Collective.n`), so a rank's whole sequence is known, DDP's own part included.
+    ``site``: the user's line that caused them (the DDP forward, ``loss.backward()``, the constructor);
+    ``grad``: whether a DDP forward prepared a backward (grad enabled, outside ``no_sync``); ``ops``:
+    [op, [[shape], dtype]] per collective where known (a flight recorder dump), else empty.
+    """
+
+    kind: ClassVar[str] = "internal_collectives"
+    first: int = 0
+    count: int = 0
+    phase: str = "other"
+    ddp: Optional[int] = None
+    grad: Optional[bool] = None
+    training: Optional[bool] = None
+    group: Any = None
+    ops: list = field(default_factory=list)
+    site: Site = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -446,7 +486,8 @@ EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
                 DeviceSimulation,
-                DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective, JoinEvent, Save,
+                DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective,
+                InternalCollectives, JoinEvent, Save,
                 Load, DistributedCheckpoint,
                 RankEnvironment, RankDevices, CollectiveBenchmark,
                 ContentPass)

@@ -17,6 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.rank import callsite
+from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
@@ -44,6 +45,7 @@ class DDPState:
     unused_counts: dict[int, int] = field(default_factory=dict)
     last_emitted_unused: Optional[frozenset] = None
     usage_dirty: bool = False
+    last_forward_site: list = field(default_factory=list)  # the user's line of the last DDP forward
 
     def forward_counts(self) -> tuple[int, int, int]:
         return self.synced_forwards, self.unsynced_forwards, self.inner_forwards
@@ -88,7 +90,13 @@ def total_synced_forwards() -> int:
 def install(rec: Recorder) -> Callable[[], None]:
     def wrap_init(original):
         def __init__(self, module, *args, **kwargs):
-            original(self, module, *args, **kwargs)
+            with rec.guard(PROBE, "DistributedDataParallel.__init__"):  # its broadcasts are DDP's own collectives
+                rec.clock.enter(Phase("ddp-init", ddp=len(STATES), site=callsite.caller_site(3)))
+            try:
+                original(self, module, *args, **kwargs)
+            finally:
+                with rec.guard(PROBE, "DistributedDataParallel.__init__"):
+                    rec.clock.enter(Phase())
             with rec.guard(PROBE, "DistributedDataParallel.__init__"):
                 _attach(rec, self)
 
@@ -116,11 +124,16 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
     for i, (name, p) in enumerate(named):
         PARAM_NAMES[id(p)] = name if state.index == 0 else f"ddp{state.index}:{name}"
         PARAM_DDP[id(p)] = state.index
-        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state.fired, i))
+        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state, i))
 
     def on_ddp_forward(module, inputs):
         rec.progress += 1
-        if not torch.is_grad_enabled():  # evaluation forwards never reduce gradients
+        grad = torch.is_grad_enabled()
+        with rec.guard(PROBE, "forward"):  # what DDP's forward broadcasts is booked to this line
+            state.last_forward_site = callsite.caller_site(1)
+            rec.clock.enter(Phase("ddp-forward", ddp=state.index, grad=grad and module.require_backward_grad_sync,
+                                  training=module.training, site=state.last_forward_site))
+        if not grad:  # evaluation forwards never reduce gradients
             return
         with rec.guard(PROBE, "forward"):
             state.close_iteration(rec)
@@ -142,7 +155,12 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
                 rec.emit(BufferFingerprint(ddp=state.index, forward=state.buffer_forwards,
                                            fp=fingerprint(state.buffers)))
 
+    def on_ddp_forward_done(module, inputs, output):
+        with rec.guard(PROBE, "forward"):
+            rec.clock.enter(Phase())
+
     ddp.register_forward_pre_hook(on_ddp_forward)
+    ddp.register_forward_hook(on_ddp_forward_done)
     for listener in ATTACH_LISTENERS:
         listener(ddp, state)
     ddp.module.register_forward_pre_hook(on_inner_forward)
@@ -155,6 +173,17 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3)))
 
 
-def _grad_arrived(rec: Recorder, fired: set, index: int, param: torch.Tensor) -> None:
-    fired.add(index)
+def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
+    if not state.fired and rec.clock.phase.name != "ddp-backward":
+        # The first gradient of a backward: DDP's bucket all-reduces now belong to it. No clock read
+        # here: this may be an autograd thread; the next observation on the main thread books them.
+        rec.clock.phase = Phase("ddp-backward", ddp=state.index, site=_backward_site(state))
+    state.fired.add(index)
     rec.progress += 1
+
+
+def _backward_site(state: DDPState) -> list:
+    """The user's ``loss.backward()`` line: the innermost user frame when gradients arrive on the
+    main thread (CPU); the last forward's line when autograd runs on its own threads (GPU)."""
+    site = callsite.caller_site(1)
+    return site or state.last_forward_site or []
