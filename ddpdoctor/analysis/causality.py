@@ -94,9 +94,12 @@ RULES: tuple[Rule, ...] = (
     # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
     Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
          _symptom("buffer-sync", broadcast_buffers=True)),
-    # A rank ran out of data: its peer waits (hang) or fails when it leaves (connection closed).
+    # A rank ran out of data: its peer waits (hang), fails when it leaves (connection closed), or is
+    # left alone in DDP's collectives for the batches it still has.
     Rule("a rank ran out of data", _is("uneven-inputs", severities=("error",), cause="data"),
-         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and f.evidence.get("kind") == "hang")),
+         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and (
+             f.evidence.get("kind") == "hang"
+             or (f.evidence.get("kind") == "orphan" and str(f.evidence.get("phase", "")).startswith("ddp-"))))),
     # Ranks took different collectives: the batch counts they reached differ as a result.
     Rule("collectives diverged", _is("collective-hang", severities=("error",)),
          lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") == "control-flow")

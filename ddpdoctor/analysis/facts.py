@@ -15,18 +15,12 @@ from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
-                                     OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.analysis.trace import Mismatch, RankTrace, first_mismatch, rank_trace
+from ddpdoctor.schema.events import (DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass, OptimizerInfo,
+                                     ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
-
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
-# Collectives whose tensor arguments may legitimately differ by rank: only the op is compared.
-SHAPE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "new_group",
-                        "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"})
-# Collectives with a list argument only the root rank passes: only the first tensor is compared.
-ROOT_LISTS = frozenset({"gather", "scatter"})
 
 # Errors a rank raises because a peer died or stopped answering: symptoms, not causes.
 SECONDARY_MARKERS = (
@@ -42,36 +36,6 @@ REDUCTION_ERRORS = ("Expected to have finished reduction in the prior iteration"
 
 def is_reduction_error(message: str) -> bool:
     return any(marker in message for marker in REDUCTION_ERRORS)
-
-
-def collective_signature(event: Collective) -> tuple:
-    """What must be equal across ranks at the same sequence number."""
-    if event.op in SHAPE_FREE:
-        return (event.op,)
-    tensors = event.tensors[:1] if event.op in ROOT_LISTS else event.tensors
-    return (event.op, repr(tensors))  # shapes and dtypes as JSON gave them: one C call per event
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The first sequence number at which the ranks' world collectives differ (1-based)."""
-
-    n: int
-    calls: dict  # rank -> Collective, or None where the rank never made a collective with this number
-
-    @property
-    def present(self) -> dict[int, Collective]:
-        return {r: e for r, e in self.calls.items() if e is not None}
-
-    @property
-    def absent(self) -> list[int]:
-        return sorted(r for r, e in self.calls.items() if e is None)
-
-    def culprit(self) -> int:
-        """The rank whose call to point at: one made inside a rank-dependent branch (`if rank == 0:`),
-        else the one that was made first."""
-        present = self.present
-        return min(present, key=lambda r: (not present[r].rank_branch, present[r].t))
 
 
 @dataclass(frozen=True)
@@ -210,39 +174,20 @@ class Facts:
 
     # -- collectives ------------------------------------------------------------------------------
     @functools.cached_property
-    def world_collectives(self) -> dict[int, list[Collective]]:
-        """Each rank's world-group collectives in call order (point-to-point and subgroups left out)."""
-        return {rank: [e for e in ev.of(Collective) if e.group is None and e.op not in POINT_TO_POINT]
-                for rank, ev in self.evidence.ranks.items()}
-
-    @functools.cached_property
-    def _collective_signatures(self) -> dict[int, list[tuple]]:
-        return {rank: [collective_signature(e) for e in trace] for rank, trace in self.world_collectives.items()}
-
-    def _first_mismatch(self, *, include_missing: bool) -> Optional[Mismatch]:
-        traces = self.world_collectives
-        if len(traces) < 2:
-            return None
-        signatures = self._collective_signatures
-        reference = next(iter(signatures.values()))
-        if all(s == reference for s in signatures.values()):
-            return None  # every rank made the same calls, the common case: compared as whole lists
-        longest = max(len(t) for t in traces.values())
-        shortest = min(len(t) for t in traces.values())
-        for i in range(longest if include_missing else shortest):
-            if len({s[i] if i < len(s) else None for s in signatures.values()}) > 1:
-                return Mismatch(n=i + 1, calls={r: (t[i] if i < len(t) else None) for r, t in traces.items()})
-        return None
+    def world_traces(self) -> dict[int, RankTrace]:
+        """Each rank's numbered world-group collectives, DDP's own included (point-to-point and
+        subgroups left out)."""
+        return {rank: rank_trace(ev.events) for rank, ev in self.evidence.ranks.items()}
 
     @functools.cached_property
     def collective_mismatch(self) -> Optional[Mismatch]:
-        """First sequence number where ranks that made it called different collectives or shapes."""
-        return self._first_mismatch(include_missing=False)
+        """First number at which ranks that reached it issued different collectives or shapes."""
+        return first_mismatch(self.world_traces, include_missing=False)
 
     @functools.cached_property
     def collective_divergence(self) -> Optional[Mismatch]:
-        """Like collective_mismatch, counting a collective some ranks never made as a difference."""
-        return self._first_mismatch(include_missing=True)
+        """Like collective_mismatch, counting a collective some ranks never issued as a difference."""
+        return first_mismatch(self.world_traces, include_missing=True)
 
     # -- failures ---------------------------------------------------------------------------------
     @functools.cached_property

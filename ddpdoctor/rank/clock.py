@@ -16,6 +16,7 @@ point-to-point part taken out. Every rank then numbers the same collective the s
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -70,6 +71,8 @@ class CollectiveClock:
         self._accounted = 0  # the backend's sequence number up to which collectives are booked
         self.phase = Phase()
         self._group_calls: dict[tuple, int] = {}  # subgroup ranks -> its traced calls so far
+        self._in_call = False  # a traced call is running: its collectives are its own, not a gap
+        self._lock = threading.RLock()  # the watchdog books what a hung rank issued, from its thread
 
     # -- set-up ---------------------------------------------------------------------------------
     def attach(self, group: Any) -> None:
@@ -81,8 +84,9 @@ class CollectiveClock:
 
     def detach(self) -> None:
         """The process group is being destroyed: book what is left, then stop reading it."""
-        self.sync()
-        self._group = None
+        with self._lock:
+            self._sync()
+            self._group = None
 
     def _read(self) -> Optional[int]:
         if self._group is None:
@@ -95,7 +99,11 @@ class CollectiveClock:
     # -- observation ----------------------------------------------------------------------------
     def sync(self) -> None:
         """Book the collectives issued since the last observation to the current phase."""
-        if self.numbering != "pg":
+        with self._lock:
+            self._sync()
+
+    def _sync(self) -> None:
+        if self.numbering != "pg" or self._in_call:
             return
         seq = self._read()
         if seq is None or seq <= self._accounted:
@@ -110,37 +118,45 @@ class CollectiveClock:
 
     def enter(self, phase: Phase) -> None:
         """Book what the previous phase issued, then attribute new collectives to ``phase``."""
-        self.sync()
-        self.phase = phase
+        with self._lock:
+            self._sync()
+            self.phase = phase
 
     # -- traced calls ---------------------------------------------------------------------------
-    def before_call(self, op: str, *, group: Optional[tuple] = None) -> tuple[int, Optional[int]]:
+    def before_call(self, op: str, units: int, *, group: Optional[tuple] = None) -> tuple[int, Optional[int]]:
         """Called just before a traced call, which is recorded before it runs (a call that hangs
-        must be in the trace): books earlier collectives and returns (the call's number ``n``, the
-        world group's sequence number now, None for a subgroup or a backend that does not number)."""
-        if group is not None:
-            return self._group_calls.get(group, 0) + 1, None
-        if self.numbering != "pg":
-            return self.units + 1, None
-        self.sync()
-        return self.units + 1, self._accounted
+        must be in the trace): books earlier collectives and counts the call's ``units`` at once, so
+        what the rank writes from now on is ordered after it. Returns (the call's number ``n``, the
+        world group's sequence number now; None for a subgroup or a backend that does not number)."""
+        with self._lock:
+            if group is not None:
+                return self._group_calls.get(group, 0) + 1, None
+            before = None
+            if self.numbering == "pg":
+                self._sync()
+                before = self._accounted
+                self._in_call = True
+            n = self.units + 1
+            self.units += units
+            return n, before
 
-    def after_call(self, op: str, before: Optional[int], *, group: Optional[tuple] = None) -> None:
-        """Called once a traced call returned (or was enqueued): numbers what it issued."""
-        if group is not None:
-            self._group_calls[group] = self._group_calls.get(group, 0) + 1
-            return
-        if before is None:  # a backend without numbering: one number per call
-            self.units += 0 if op in POINT_TO_POINT or op in STORE_ONLY else 1
-            return
-        seq = self._read()
-        span = max(0, (seq if seq is not None else before) - before)
-        self._accounted = before + span
-        self.units += units_of(op, span)
+    def after_call(self, op: str, n: int, units: int, before: Optional[int], *, group: Optional[tuple] = None) -> None:
+        """Called once a traced call returned (or was enqueued): numbers what it really issued."""
+        with self._lock:
+            if group is not None:
+                self._group_calls[group] = max(self._group_calls.get(group, 0), n)
+                return
+            if before is None:  # a backend without numbering: one number per call, as predicted
+                return
+            self._in_call = False
+            seq = self._read()
+            span = max(0, (seq if seq is not None else before) - before)
+            self._accounted = before + span
+            self.units = n - 1 + units_of(op, span)
 
     def peek(self) -> int:
         """The numbering including collectives not booked yet (for heartbeats: no event written)."""
-        if self.numbering != "pg":
+        if self.numbering != "pg" or self._in_call:
             return self.units
         seq = self._read()
         return self.units + max(0, (seq or 0) - self._accounted)

@@ -97,9 +97,10 @@ def install(rec: Recorder) -> None:
         def wrap(original):
             signature = _binder(original)
 
-            def record(args, kwargs) -> tuple[Optional[tuple], Optional[int]]:
+            def record(args, kwargs) -> tuple:
                 """Write the call before it runs (a call that hangs is in the trace); returns what
-                after_call needs: the subgroup's ranks (None: world) and the sequence number before."""
+                after_call needs: (n, predicted units, the sequence number before, the subgroup's
+                ranks or None for the world group)."""
                 arguments = dict(kwargs)
                 if signature is not None:
                     try:
@@ -109,16 +110,17 @@ def install(rec: Recorder) -> None:
                 values = [v for k, v in arguments.items() if k != "group"] if signature else list(args) + list(kwargs.values())
                 ranks = group_ranks(arguments.get("group"))
                 group = None if ranks is None else tuple(ranks) if isinstance(ranks, list) else (ranks,)
-                n, before = rec.clock.before_call(op, group=group)
+                units = predicted_units(op)
+                n, before = rec.clock.before_call(op, units, group=group)
                 site = callsite.caller_site(3)
                 rec.emit(Collective(op=op, n=n, tensors=describe_tensors(values), group=ranks, site=site,
-                                    rank_branch=in_rank_branch(site), units=predicted_units(op),
+                                    rank_branch=in_rank_branch(site), units=units,
                                     pg_seq=None if before is None else before + 1))
                 where = site[0] if site else None
                 if group is None:
                     rec.last_collective = {"op": op, "n": n, "site": where}
                 rec.set_activity(f"in {op} #{n}", where)
-                return group, before
+                return n, units, before, group
 
             def traced(*args, **kwargs):
                 if getattr(_depth, "value", 0) or not dist.is_initialized():
@@ -135,7 +137,8 @@ def install(rec: Recorder) -> None:
                     _depth.value = 0
                     if token is not None:
                         with rec.guard(PROBE, op):
-                            rec.clock.after_call(op, token[1], group=token[0])
+                            n, units, before, group = token
+                            rec.clock.after_call(op, n, units, before, group=group)
                     rec.set_activity("training")
 
             return traced

@@ -43,6 +43,8 @@ def install(rec: Recorder) -> None:
 
         return destroy_process_group
 
+    # A hung rank books what it issued (the gradient all-reduce it waits in) before its stack is read.
+    rec.on_dump.insert(0, rec.clock.sync)
     for owner in (dist, c10d):
         patch(rec, PROBE, owner, "init_process_group", wrap_init)
         patch(rec, PROBE, owner, "destroy_process_group", wrap_destroy)
