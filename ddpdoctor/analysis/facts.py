@@ -177,7 +177,8 @@ class Facts:
     def world_traces(self) -> dict[int, RankTrace]:
         """Each rank's numbered world-group collectives, DDP's own included (point-to-point and
         subgroups left out)."""
-        return {rank: rank_trace(ev.events) for rank, ev in self.evidence.ranks.items()}
+        missing = set(self.evidence.observations.missing_ranks)  # no trace at all (a rank that left no dump)
+        return {rank: rank_trace(ev.events) for rank, ev in self.evidence.ranks.items() if rank not in missing}
 
     @functools.cached_property
     def collective_mismatch(self) -> Optional[Mismatch]:

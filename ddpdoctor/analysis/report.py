@@ -76,6 +76,7 @@ class Report:
     environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/environment.py)
     collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
     device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
+    post_mortem: Optional[dict] = None  # `ddpdoctor analyze`: {"dumps", "error_files", "logs", "formats", "notes", ...}
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -132,6 +133,7 @@ class Report:
             "environment": self.environment,
             "collective_benchmark": self.collective_benchmark,
             "device_simulation": self.device_simulation,
+            "post_mortem": self.post_mortem,
         }
 
     @classmethod
@@ -154,6 +156,7 @@ class Report:
             environment=list(data.get("environment") or []),
             collective_benchmark=data.get("collective_benchmark"),
             device_simulation=data.get("device_simulation"),
+            post_mortem=data.get("post_mortem"),
         )
 
 

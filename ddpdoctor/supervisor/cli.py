@@ -287,6 +287,52 @@ def report(
     return loaded.exit_code(fail_on.value)
 
 
+@app.command()
+def analyze(
+    paths: list[str] = typer.Argument(..., metavar="PATH...", help="Flight recorder dumps (a folder, a glob or files; "
+                                      "pickle or JSON), torchrun error files and rank logs."),
+    world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks in the job, when the dumps cannot "
+                                             "say (a rank that left no dump is then named as missing)."),
+    fail_on: FailOn = typer.Option(FailOn.warning, "--fail-on", help="Lowest severity that makes the exit code 1."),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even with findings."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the machine-readable report here."),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here."),
+    sarif: Optional[Path] = typer.Option(None, "--sarif", help="Write SARIF 2.1.0 here."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Write a Markdown summary here."),
+    github: bool = typer.Option(False, "--github", help="Print GitHub Actions annotations."),
+    plain: bool = typer.Option(False, "--plain", help="Plain lines even on a terminal."),
+) -> int:
+    """Diagnose a job that already hung or failed, from PyTorch's flight recorder dumps (and torchrun's
+    error files and logs): the same checks and report as `check`, without rerunning it."""
+    from rich.text import Text
+
+    from ddpdoctor.supervisor import display as displays
+    from ddpdoctor.supervisor import outputs
+    from ddpdoctor.supervisor.postmortem import analyze as analyze_files
+
+    try:
+        result = analyze_files(paths, world_size=world_size)
+    except (OSError, ValueError) as exc:
+        raise UsageProblem(str(exc)) from None
+    plain = plain or displays.is_plain()
+    console = displays.make_console(plain)
+    info = result.report.post_mortem or {}
+    read = [f"{info.get('dumps', 0)} flight recorder dump(s)" + (f" ({', '.join(info['formats'])})"
+                                                                 if info.get("formats") else "")]
+    read += [f"{info[k]} {what}" for k, what in (("error_files", "torchrun error file(s)"), ("logs", "log(s)"))
+             if info.get(k)]
+    console.print(Text(f"ddpdoctor analyze: read {', '.join(read)}"))
+    for note in info.get("notes", []):
+        console.print(Text(f"note: {note}", style="yellow"))
+    for ignored in info.get("ignored", []):
+        console.print(Text(f"skipped {ignored['path']}: {ignored['why']}", style="dim"))
+    # The HTML and trace renderers (--html, --trace) plug in here the way write_all takes the others.
+    outputs.write_all(result.report, console=console, plain=plain, fail_on=fail_on.value,
+                      json_path=json_path and str(json_path), junit=junit and str(junit), sarif=sarif and str(sarif),
+                      markdown=markdown and str(markdown), github=github)
+    return 0 if exit_zero else result.report.exit_code(fail_on.value)
+
+
 @app.command("list-checks")
 def list_checks() -> int:
     """List the available checks (built-in and plugins)."""
