@@ -106,7 +106,11 @@ def _divergence_detail(mismatch: Optional[Mismatch]) -> tuple[str, Optional[Loca
     parts = [f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items())]
     if mismatch.absent:
         parts.append(f"{fmt_ranks(mismatch.absent)} never called collective #{mismatch.n}")
-    return f"; first divergence at collective #{mismatch.n}: " + ", ".join(parts), location
+    return f"; first divergence at collective #{mismatch.n}{_on_group(mismatch)}: " + ", ".join(parts), location
+
+
+def _on_group(mismatch: Mismatch) -> str:
+    return f" of the subgroup of ranks {', '.join(map(str, mismatch.group))}" if mismatch.group else ""
 
 
 def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
@@ -114,7 +118,8 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
     waiting = sorted(int(r) for r, s in states.items() if s["state"] == "waiting")
     exited = sorted(int(r) for r, s in states.items() if s["state"] == "exited")
     others = sorted(int(r) for r, s in states.items() if s["state"] in ("busy", "computing"))
-    mismatch = evidence.facts.collective_divergence
+    # Members of a subgroup that disagree on its collective: the cause, whatever the world group shows.
+    mismatch = evidence.facts.subgroup_mismatch or evidence.facts.collective_divergence
     detail, location = _divergence_detail(mismatch)
     if location is None:
         for r in waiting + others:
@@ -126,33 +131,60 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
     for r in waiting + others:
         state = states[str(r)]
         where = state.get("where")
+        if state["state"] == "computing" and not state["stack"] and state.get("last_collective"):
+            lines.append(f"rank {r} is not inside a collective: {_stuck_after(state['last_collective'])}")
+            continue
         verb = "waits in" if state["state"] == "waiting" else f"is {state['state']} in"
         lines.append(f"rank {r} {verb} {state.get('waiting_in') or 'its own code'}"
                      + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
     never = sorted(int(r) for r, s in states.items() if s["state"] == "never started")
     tail = (f"; {fmt_ranks(exited)} had already exited" if exited else "") + \
-        (f"; {fmt_ranks(never)} never started" if never else "")
+        (f"; {fmt_ranks(never)} never started" if never else "") + _no_dump(evidence, states, waiting)
     if stop.reason == "no-progress":
         return Finding(
             check=ID, severity="warning", ranks=tuple(sorted(int(r) for r in states)), location=location,
             message=(f"no rank made progress for {max((s.get('stalled_s') or 0) for s in states.values()):.0f}s "
                      f"and the job was stopped: {'; '.join(lines) or 'no rank answered'}{tail}; not every rank waits "
-                     "in a collective, so this is not proven to be a hang"),
+                     f"in a collective, so this is not proven to be a hang{detail}"),
             fix=("If a rank was legitimately busy (a large checkpoint, slow storage), raise --hang-timeout; otherwise "
                  "the stacks show where each rank was stuck."),
             evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states})
     message = f"the job hung: {'; '.join(lines) or 'no rank made progress'}{tail}{detail}"
-    center = mismatch.n if mismatch is not None else max((t.numbered_to for t in evidence.facts.world_traces.values()),
+    center = mismatch.n if mismatch is not None and mismatch.group is None else max((t.numbered_to for t in evidence.facts.world_traces.values()),
                                                           default=0)
     return Finding(
         check=ID, severity="error", ranks=tuple(sorted(int(r) for r in states)), location=location, message=message,
         fix=("Make every rank call the same collectives in the same order: move collectives out of rank-specific "
              "branches (e.g. `if rank == 0:`), or broadcast the decision (early stop, skip) so all ranks take it."),
         evidence={"kind": "hang", "threshold_s": stop.threshold_s, "ranks": states,
-                  "first_divergence": None if mismatch is None else mismatch.n,
+                  "first_divergence": None if mismatch is None or mismatch.group else mismatch.n,
                   "sequence": None if mismatch is None else mismatch.n,
+                  "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
                   "timeline": _timeline(evidence.facts.world_traces, center)},
     )
+
+
+def _stuck_after(last: dict) -> str:
+    """A rank no collective holds, seen only through its last collective (a flight recorder dump
+    holds no stack of the moment it was written)."""
+    site = last.get("site") or {}
+    where = f"{site['file'].rsplit('/', 1)[-1]}:{site['line']}" if site.get("file") else "its last collective"
+    function = f" ({site['function']})" if site.get("function") else ""
+    return f"stuck in its own code after {where}{function}, its last collective (#{last.get('n')} {last.get('op')})"
+
+
+def _no_dump(evidence: Evidence, states: dict[str, dict], waiting: list[int]) -> str:
+    """Ranks that left no flight recorder dump, and what their peers show about them."""
+    missing = sorted(int(r) for r, s in states.items() if s["state"] == "no dump")
+    if not missing:
+        return ""
+    traces = evidence.facts.world_traces
+    ends = {traces[r].numbered_to for r in waiting if r in traces}
+    who = fmt_ranks(missing)
+    if len(ends) == 1 and waiting and len(waiting) == len(states) - len(missing):
+        return (f"; {who} left no dump: every other rank waits in collective #{ends.pop()}, which cannot complete "
+                f"without {'it' if len(missing) == 1 else 'them'}")
+    return f"; {who} left no dump"
 
 
 def _timeline(traces: dict[int, RankTrace], center: int, before: int = 4) -> dict[str, dict[str, str]]:
@@ -216,6 +248,7 @@ def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Findi
     at_n = ", ".join(f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items()))
     others = [r for r in sorted(mismatch.calls) if mismatch.counts.get(r, {}).get(entry.line_key(), 0) == 0]
     evidence = {"kind": "mismatch", "sequence": mismatch.n, "culprit": culprit,
+                "group": list(mismatch.group) if mismatch.group else None,
                 "calls": {str(r): {"op": e.op, "phase": e.phase, "tensors": e.tensors, "site": e.site}
                           for r, e in sorted(present.items())}}
     fix = "Call the same collective with tensors of the same shape and dtype on every rank."
@@ -232,7 +265,7 @@ def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Findi
         fix = _RANK_ONLY_FIX[entry.phase]
         evidence.update({"rank_only": entry.phase, "never_ran": others, "collectives_from_line": counts})
     else:
-        message = f"collective #{mismatch.n} differs across ranks: {at_n}"
+        message = f"collective #{mismatch.n}{_on_group(mismatch)} differs across ranks: {at_n}"
         if others:
             fix = ("Call every collective on every rank, in the same order: move it out of the rank-specific branch, "
                    "or broadcast the decision so all ranks take it.")
@@ -267,7 +300,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary="no process group", applicable=False)
     traces = evidence.facts.world_traces
     total = sum(len(t.entries) for t in traces.values())
-    mismatch = evidence.facts.collective_mismatch
+    mismatch = evidence.facts.collective_mismatch or evidence.facts.subgroup_mismatch
     if mismatch is not None:
         return CheckResult(findings=[_mismatch_finding(mismatch, traces)], summary=f"collective #{mismatch.n} mismatched")
     orphan = _orphaned_collective(evidence)

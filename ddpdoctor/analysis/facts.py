@@ -15,7 +15,8 @@ from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.analysis.trace import Mismatch, RankTrace, first_mismatch, rank_trace
+from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, rank_trace,
+                                      subgroup_traces)
 from ddpdoctor.schema.events import (DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass, OptimizerInfo,
                                      ProcessStart, RunCut, Step, SysExit)
 
@@ -179,6 +180,14 @@ class Facts:
         subgroups left out)."""
         missing = set(self.evidence.observations.missing_ranks)  # no trace at all (a rank that left no dump)
         return {rank: rank_trace(ev.events) for rank, ev in self.evidence.ranks.items() if rank not in missing}
+
+    @functools.cached_property
+    def subgroup_mismatch(self) -> Optional[Mismatch]:
+        """The first call at which a subgroup's members issued different collectives or shapes
+        (``group`` names its global ranks)."""
+        missing = set(self.evidence.observations.missing_ranks)
+        return first_subgroup_mismatch(subgroup_traces(
+            {rank: ev.events for rank, ev in self.evidence.ranks.items() if rank not in missing}))
 
     @functools.cached_property
     def collective_mismatch(self) -> Optional[Mismatch]:

@@ -66,8 +66,9 @@ def discover(paths: list[str]) -> Inputs:
     seen: set[str] = set()
     for given in paths:
         if os.path.isdir(given):
-            for root, _, files in os.walk(given):
-                for name in sorted(files):
+            for root, dirs, files in os.walk(given):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(f for f in files if not f.startswith(".")):  # hidden: not a job's output
                     _sort(os.path.join(root, name), inputs, seen, explicit=False)
             continue
         matches = sorted(glob.glob(given)) if glob.has_magic(given) else [given]

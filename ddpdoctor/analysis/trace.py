@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Union
 from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives
 
 __all__ = ["POINT_TO_POINT", "SHAPE_FREE", "ROOT_LISTS", "TraceEntry", "Mismatch", "call_signature",
-           "rank_trace", "first_mismatch", "PHASE_WHAT"]
+           "rank_trace", "first_mismatch", "PHASE_WHAT", "subgroup_traces", "first_subgroup_mismatch"]
 
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 # Collectives whose tensor arguments may legitimately differ by rank: only the op is compared.
@@ -165,6 +165,7 @@ class Mismatch:
     n: int
     calls: dict  # rank -> TraceEntry, or None where the rank never issued a collective with this number
     counts: dict = field(default_factory=dict)  # rank -> Counter of line_key over its whole trace
+    group: Optional[tuple] = None  # a subgroup's global ranks; None: the world group
 
     @property
     def present(self) -> dict[int, TraceEntry]:
@@ -226,3 +227,31 @@ def first_mismatch(traces: dict[int, RankTrace], *, include_missing: bool) -> Op
             counts = {r: Counter(e.line_key() for e in t.entries) for r, t in traces.items()}
             return Mismatch(n=n, calls=calls, counts=counts)
     return None
+
+
+def subgroup_traces(events_by_rank: dict[int, Iterable[Event]]) -> dict[tuple, dict[int, RankTrace]]:
+    """Each subgroup's traced calls, per member rank, numbered by the group's own sequence
+    (``Collective.n`` of a subgroup call): subgroup -> rank -> trace."""
+    out: dict[tuple, dict[int, RankTrace]] = {}
+    for rank, events in events_by_rank.items():
+        for event in events:
+            if not isinstance(event, Collective) or not isinstance(event.group, (list, tuple)) or not event.group \
+                    or event.op in POINT_TO_POINT or event.units == 0:
+                continue
+            trace = out.setdefault(tuple(event.group), {}).setdefault(rank, RankTrace(numbering="group"))
+            entry = TraceEntry(n=event.n, event=event, op=event.op)
+            trace.entries.append(entry)
+            trace.by_n[event.n] = entry
+            trace.numbered_to = max(trace.numbered_to, event.n + max(event.units, 1) - 1)
+    return out
+
+
+def first_subgroup_mismatch(groups: dict[tuple, dict[int, RankTrace]]) -> Optional[Mismatch]:
+    """The earliest (by time) call at which a subgroup's members issued different collectives or
+    shapes; members that never reached it are not a mismatch here (they may wait elsewhere)."""
+    found = []
+    for group, traces in groups.items():
+        mismatch = first_mismatch(traces, include_missing=False)
+        if mismatch is not None:
+            found.append(Mismatch(n=mismatch.n, calls=mismatch.calls, counts=mismatch.counts, group=group))
+    return min(found, key=lambda m: min(e.t for e in m.present.values())) if found else None

@@ -32,7 +32,7 @@ _PREFIX = os.environ.get("TORCH_FR_DUMP_TEMP_FILE", "")
 _TIMEOUT_S = float(os.environ.get("FR_HARNESS_TIMEOUT", "10"))
 _RANK = os.environ.get("RANK", "0")
 _WORLD = int(os.environ.get("WORLD_SIZE", "1"))
-_MARKER = _PREFIX + "dump-all"
+_MARKER = os.path.join(os.path.dirname(_PREFIX) or ".", ".fr-harness-dump-all")  # hidden: not a dump
 _dumped = threading.Event()
 _lock = threading.Lock()
 
