@@ -185,7 +185,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     size = max([world_size or 0, world_ranks or 0, max(known, default=-1) + 1])
     missing = sorted(set(range(size)) - set(converted)) if converted else []
     evidence = _evidence(converted, dumps_meta, errors, logs, size)
-    script = _script(converted)
+    script = _script(converted) or os.path.abspath(paths[0])  # no stack (JSON dumps): name what was read
     pending = {r: c.pending for r, c in converted.items() if c.pending is not None}
     waiting_ranks = set(pending)
     failures = [f for f in table.failures if f.rank not in waiting_ranks]  # a waiting rank's death is a symptom
@@ -245,9 +245,8 @@ def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int,
             events.extend(conv.events)
             if conv.cut_off:
                 events.append(ProbeError(t=first_t, rank=rank, probe=PROBE, error=(
-                    f"the ring buffer was full: collectives before #{conv.first_world} were overwritten "
-                    "(raise TORCH_FR_BUFFER_SIZE to keep more)" if conv.first_world else
-                    "the ring buffer was full: older entries were overwritten")))
+                    "the ring buffer was full: its oldest collectives were overwritten, so the first ones are "
+                    "compared on no rank (raise TORCH_FR_BUFFER_SIZE to keep more)")))
         exception = errors[rank].event if rank in errors else (logs[rank].exception if rank in logs else None)
         if exception is not None:
             exception.rank = rank
@@ -287,7 +286,7 @@ def _snapshot(converted: dict[int, ConvertedRank], meta: dict, missing: list[int
         beat = Heartbeat(pid=0, rank=rank, t=dumped_at, last_collective=conv.last_traced,
                          seq=conv.last["n"] if conv.last else 0, activity="training")
         if pending is not None:
-            if pending.traced:
+            if pending.traced or not pending.frames:  # a traced call, or a JSON dump (no stack to read)
                 beat.activity = f"in {pending.op} #{pending.n}"
             stack = as_stack(pending.frames, interner)
             state, waiting_in = classify(stack, beat)

@@ -11,8 +11,9 @@ it, so the fixtures run unchanged under plain torchrun:
 - every rank dumps once when asked, and when the script dies of an uncaught exception, for which
   it also writes torchrun's error file as ``@record`` does.
 
-Dumps are the pickle ``_dump_fr_trace`` returns, written to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``:
-NCCL's file naming. A killed rank leaves none, as in production.
+Dumps are the pickle ``_dump_fr_trace`` returns (``FR_HARNESS_FORMAT=json``: the JSON twin),
+written to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``: NCCL's file naming. A killed rank leaves none, as in
+production.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ def dump() -> None:
     with _lock:
         if _dumped.is_set():
             return
-        data = c10d._dump_fr_trace(True, True, False)
+        if os.environ.get("FR_HARNESS_FORMAT") == "json":  # the JSON twin: no Python stacks
+            data = c10d._dump_fr_trace_json(True, False)
+        else:
+            data = c10d._dump_fr_trace(True, True, False)
         tmp = f"{_PREFIX}{_RANK}.tmp"
         with open(tmp, "wb") as f:
             f.write(data)
