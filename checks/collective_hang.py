@@ -148,7 +148,9 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                      f"in a collective, so this is not proven to be a hang{detail}"),
             fix=("If a rank was legitimately busy (a large checkpoint, slow storage), raise --hang-timeout; otherwise "
                  "the stacks show where each rank was stuck."),
-            evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states})
+            evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states,
+                      "sequence": None if mismatch is None else mismatch.n,
+                      "group": None if mismatch is None or mismatch.group is None else list(mismatch.group)})
     message = f"the job hung: {'; '.join(lines) or 'no rank made progress'}{tail}{detail}"
     center = mismatch.n if mismatch is not None and mismatch.group is None else max((t.numbered_to for t in evidence.facts.world_traces.values()),
                                                           default=0)

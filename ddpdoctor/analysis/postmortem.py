@@ -25,7 +25,7 @@ from typing import Callable, Optional
 
 from ddpdoctor.analysis import elastic
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
-from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, read_dump
+from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
 from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
 from ddpdoctor.schema.observations import Failure, Heartbeat, Observations, RankState, StopSnapshot
@@ -140,11 +140,13 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     dumps_meta: dict[int, tuple[str, float, str, str]] = {}  # rank -> (path, mtime, format, version)
     world_ranks: Optional[int] = None
     notes: list[str] = []
+    unreadable: set[Optional[int]] = set()
     for path in inputs.dumps:
         try:
             dump = read_dump(path)
         except NotADump as exc:
             inputs.ignored.append((path, str(exc).split(": ", 1)[-1]))
+            unreadable.add(rank_from_name(path))  # a dump cut short still names its rank
             continue
         if dump.rank in converted:
             raise ValueError(f"two dumps for rank {dump.rank}: {dumps_meta[dump.rank][0]} and {path}")
@@ -181,7 +183,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
             continue
         errors.setdefault(rank, error)
 
-    known = set(converted) | set(errors) | {f.rank for f in table.failures} | set(logs)
+    known = set(converted) | set(errors) | {f.rank for f in table.failures} | set(logs) | (unreadable - {None})
     size = max([world_size or 0, world_ranks or 0, max(known, default=-1) + 1])
     missing = sorted(set(range(size)) - set(converted)) if converted else []
     evidence = _evidence(converted, dumps_meta, errors, logs, size)
