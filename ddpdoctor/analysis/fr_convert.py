@@ -21,6 +21,8 @@ gloo leaves out (a gap in ``op_id``), JSON dumps without Python stacks.
 
 from __future__ import annotations
 
+import ast
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -72,6 +74,23 @@ def is_library_file(path: str) -> bool:
     if "/site-packages/" in path or "/dist-packages/" in path or _STDLIB.search(path):
         return True
     return any(part in path for part in _TORCH_PARTS)
+
+
+@functools.lru_cache(maxsize=256)
+def _rank_branches(filename: str) -> tuple[tuple[int, int], ...]:
+    """Line ranges of `if` blocks whose condition mentions a rank (`if rank == 0:`), when the source
+    is readable here; the same rule as the live probe's (rank/probes/collectives.py)."""
+    try:
+        with open(filename, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return ()
+    return tuple((node.body[0].lineno, node.end_lineno or node.body[-1].lineno) for node in ast.walk(tree)
+                 if isinstance(node, ast.If) and "rank" in ast.unparse(node.test).lower())
+
+
+def in_rank_branch(site: list) -> bool:
+    return any(lo <= frame["line"] <= hi for frame in site for lo, hi in _rank_branches(frame["file"]))
 
 
 class Interner:
@@ -226,7 +245,8 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
             out.groups.add(group)
             out.events.append(Collective(t=t, op=traced[0] if traced else _op_of(entry), n=n,
                                          tensors=_tensors(entry, interner), group=group_ranks.setdefault(group, []),
-                                         site=site, units=1, pg_seq=n, seq=last_n.get(WORLD_PG, 0)))
+                                         site=site, units=1, pg_seq=n, seq=last_n.get(WORLD_PG, 0),
+                                         rank_branch=in_rank_branch(site)))
             run = call = None
             continue
         if out.first_world is None:
@@ -254,7 +274,7 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
             call[0].units += 1  # the same call's next collective (all_gather_object: sizes, then data)
             continue
         event = Collective(t=t, op=op, n=n, tensors=_tensors(entry, interner), site=site, units=1, pg_seq=n,
-                           seq=n - 1)
+                           seq=n - 1, rank_branch=in_rank_branch(site))
         out.events.append(event)
         call = (event, key[1], key[0])
         out.last_traced = {"op": op, "n": n, "site": site[0] if site else None}

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from ddpdoctor.analysis import elastic
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
-from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump
+from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
 from ddpdoctor.schema.observations import Failure, Heartbeat, Observations, RankState, StopSnapshot
 
@@ -262,13 +262,13 @@ def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int,
 
 
 def _script(converted: dict[int, ConvertedRank]) -> Optional[str]:
-    """The script the ranks ran: the outermost user frame of a recorded stack."""
+    """The script the ranks ran: the outermost of the user's frames in a recorded stack."""
     for conv in converted.values():
         record = conv.last or {}
         for frame in reversed(record.get("frames") or []):
-            site_file = frame.get("filename") or ""
-            if site_file and not site_file.startswith("<") and frame.get("name") == "<module>":
-                return site_file
+            path = frame.get("filename") or ""
+            if not is_library_file(path):
+                return path
     return None
 
 
