@@ -125,3 +125,12 @@ def test_every_report_format_and_the_exit_codes(tmp_path):
     assert code == 0
     code, _, output = analyze(tmp_path / "nothing-here", tmp_path=tmp_path)
     assert code == 2 and "no such file or folder" in output
+
+
+def test_check_keeps_its_ranks_dumps_and_analyze_agrees(run_check, tmp_path):
+    kept = tmp_path / "kept"
+    live = run_check("hang_collective_some_ranks.py", "--hang-timeout", "5", "--keep-evidence", str(kept))
+    assert sorted(p.name for p in kept.glob("fr_trace_rank_*")) == ["fr_trace_rank_0", "fr_trace_rank_1"]
+    code, post, output = analyze(kept, tmp_path=tmp_path)
+    assert code == 1 and _root(post) == _root(live.report), output[-3000:]
+    assert post["script"].endswith("hang_collective_some_ranks.py")

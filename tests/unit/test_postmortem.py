@@ -214,3 +214,21 @@ def test_a_console_log_is_split_by_rank_prefix(tmp_path):
     assert logs[1].exception.type == "ValueError" and logs[1].exception.message == "bad batch"
     assert logs[1].exception.location == {"file": "/job/train.py", "line": 9}
     assert logs[0].exception is None
+
+
+# -- `ddpdoctor check` keeps the recorder on ------------------------------------------------------------
+
+def test_check_turns_the_recorder_on_unless_the_user_sized_it(monkeypatch, tmp_path):
+    from ddpdoctor.supervisor import launch
+    from ddpdoctor.supervisor.config import RunConfig
+
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    config = RunConfig(script=str(tmp_path / "train.py"))
+    env = launch._rank_env(config, str(tmp_path), keep_launcher_vars=False)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and "DDPDOCTOR_FR_DUMPS" not in env
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")  # the older name: the user's choice stands
+    env = launch._rank_env(config, str(tmp_path), keep_launcher_vars=False)
+    assert "TORCH_FR_BUFFER_SIZE" not in env and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
+    kept = RunConfig(script=str(tmp_path / "train.py"), keep_evidence=str(tmp_path / "kept"))
+    assert launch._rank_env(kept, str(tmp_path), keep_launcher_vars=False)["DDPDOCTOR_FR_DUMPS"] == "1"
