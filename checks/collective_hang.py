@@ -127,16 +127,22 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
             if where:
                 location = Location(file=where["file"], line=int(where["line"]))
                 break
-    lines = []
+    said: dict[tuple, list[int]] = {}  # (verb, what) -> the ranks it is true of: one clause for many ranks
     for r in waiting + others:
         state = states[str(r)]
         where = state.get("where")
         if state["state"] == "computing" and not state["stack"] and state.get("last_collective"):
-            lines.append(f"rank {r} is not inside a collective: {_stuck_after(state['last_collective'])}")
+            said.setdefault(("is", f"not inside a collective: {_stuck_after(state['last_collective'])}"), []).append(r)
             continue
-        verb = "waits in" if state["state"] == "waiting" else f"is {state['state']} in"
-        lines.append(f"rank {r} {verb} {state.get('waiting_in') or 'its own code'}"
-                     + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
+        verb = ("waits", "wait") if state["state"] == "waiting" else (f"is {state['state']}", f"are {state['state']}")
+        what = f"in {state.get('waiting_in') or 'its own code'}" \
+            + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else "")
+        said.setdefault((verb, what), []).append(r)
+    if any(len(ranks) > 4 for ranks in said.values()):  # many ranks: each thing said once, for all it is true of
+        lines = [f"{_some_ranks(ranks)} {_verb_for(verb, ranks)} {what}" for (verb, what), ranks in said.items()]
+    else:
+        clause = {r: (verb, what) for (verb, what), ranks in said.items() for r in ranks}
+        lines = [f"rank {r} {_verb_for(clause[r][0], [r])} {clause[r][1]}" for r in waiting + others]
     never = sorted(int(r) for r, s in states.items() if s["state"] == "never started")
     tail = (f"; {fmt_ranks(exited)} had already exited" if exited else "") + \
         (f"; {fmt_ranks(never)} never started" if never else "") + _no_dump(evidence, states, waiting)
@@ -164,6 +170,25 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                   "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
                   "timeline": _timeline(evidence.facts.world_traces, center)},
     )
+
+
+def _some_ranks(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0, 1" or, for many, "ranks 0-516, 518-1023"."""
+    ranks = sorted(ranks)
+    if len(ranks) <= 4:
+        return fmt_ranks(ranks)
+    spans, start = [], ranks[0]
+    for previous, current in zip(ranks, ranks[1:] + [None]):
+        if current != previous + 1 if current is not None else True:
+            spans.append(f"{start}-{previous}" if previous > start else str(start))
+            start = current
+    return "ranks " + ", ".join(spans)
+
+
+def _verb_for(verb, ranks: list[int]) -> str:
+    if isinstance(verb, str):
+        return verb if len(ranks) == 1 else {"is": "are"}.get(verb, verb)
+    return verb[0] if len(ranks) == 1 else verb[1]
 
 
 def _stuck_after(last: dict) -> str:

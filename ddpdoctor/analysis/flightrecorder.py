@@ -16,7 +16,6 @@ not record send/recv at all, but numbers them in ``op_id``), ``frames`` the Pyth
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import pickle
@@ -92,23 +91,22 @@ def looks_like_dump(head: bytes) -> bool:
 
 def read_dump(path: str, *, rank: Optional[int] = None) -> Dump:
     """The dump at ``path``; its rank from the file name unless given. NotADump if it is none."""
-    with open(path, "rb") as f:
-        data = f.read()
     rank = rank_from_name(path) if rank is None else rank
     if rank is None:
         raise NotADump(f"{path}: no rank at the end of the file name (torch names dumps <prefix><rank>)")
-    if data[:1] == b"\x80":
-        try:
-            loaded = _NoGlobals(io.BytesIO(data)).load()
-        except Exception as exc:  # truncated file, another pickle: say which
-            raise NotADump(f"{path}: not a readable flight recorder pickle ({type(exc).__name__}: {exc})") from None
-        fmt = "pickle"
-    else:
-        try:
-            loaded = json.loads(data)
-        except (UnicodeDecodeError, ValueError):
-            raise NotADump(f"{path}: neither a pickle nor JSON") from None
-        fmt = "json"
+    with open(path, "rb") as f:  # a buffered file: the unpickler reads it in large chunks, not per opcode
+        if f.peek(1)[:1] == b"\x80":
+            try:
+                loaded = _NoGlobals(f).load()
+            except Exception as exc:  # truncated file, another pickle: say which
+                raise NotADump(f"{path}: not a readable flight recorder pickle ({type(exc).__name__}: {exc})") from None
+            fmt = "pickle"
+        else:
+            try:
+                loaded = json.loads(f.read())
+            except (UnicodeDecodeError, ValueError):
+                raise NotADump(f"{path}: neither a pickle nor JSON") from None
+            fmt = "json"
     if not isinstance(loaded, dict) or "entries" not in loaded or not isinstance(loaded["entries"], list):
         raise NotADump(f"{path}: no flight recorder entries in it")
     entries = loaded["entries"]

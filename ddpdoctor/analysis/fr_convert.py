@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import ast
 import functools
+import operator
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump
 from ddpdoctor.schema.events import Collective, Event, InternalCollectives
 
-__all__ = ["ConvertedRank", "Pending", "convert_dump", "is_library_file", "user_site", "as_stack", "Interner"]
+__all__ = ["ConvertedRank", "Pending", "convert_dump", "is_library_file", "user_site", "as_stack", "Interner",
+           "Packer", "Unpacker"]
 
 # Public torch.distributed functions the live probe traces (rank/probes/collectives.py: TRACED).
 TRACED = frozenset({
@@ -100,6 +102,8 @@ class Interner:
     def __init__(self) -> None:
         self._values: dict = {}
         self.library: dict[str, bool] = {}
+        self.stacks: dict[tuple, "_Stack"] = {}  # (file, line) of every frame -> what the stack says
+        self.ops: dict[str, str] = {}  # profiling name -> op
 
     def __call__(self, key, make):
         value = self._values.get(key)
@@ -203,90 +207,187 @@ def _completed(entry: dict) -> bool:
     return bool(entry.get("retired")) or entry.get("state") == "completed"
 
 
+class _Stack(NamedTuple):
+    """What one recorded Python stack says, computed once per distinct stack (they repeat)."""
+
+    traced: Optional[str]  # the public torch.distributed function the script called, if any
+    site: list
+    phase: str  # for a collective no traced call made
+    outside: tuple  # the frames outside the traced call: the entries of one call share them
+    inside: tuple  # the traced call's own frames: a new call of the same line repeats them
+    rank_branch: bool
+
+
+_NO_STACK = _Stack(None, [], "other", (), (), False)
+_FRAME_KEY = operator.itemgetter("filename", "line")
+
+
+def _stack(frames: list, interner: Interner) -> _Stack:
+    if not frames:
+        return _NO_STACK
+    key = tuple(map(_FRAME_KEY, frames))
+    info = interner.stacks.get(key)
+    if info is None:
+        traced = _traced(frames)
+        site = user_site(frames, interner)
+        index = traced[1] if traced else -1
+        info = interner.stacks[key] = _Stack(
+            traced=traced[0] if traced else None, site=site, phase=_phase(frames),
+            outside=key[index + 1:] if traced else (), inside=key[:index + 1] if traced else (),
+            rank_branch=in_rank_branch(site))
+    return info
+
+
+def _op_name(entry: dict, interner: Interner) -> str:
+    name = entry.get("profiling_name") or ""
+    op = interner.ops.get(name)
+    if op is None:
+        op = interner.ops[name] = _op_of(entry)
+    return op
+
+
 def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner) -> ConvertedRank:
     """The events of one rank's dump. ``group_ranks``: subgroup name -> the shared list of its global
     ranks, filled by the caller (gloo dumps do not record them; NCCL's pg_config does)."""
     out = ConvertedRank(rank=dump.rank, backend=dump.backend)
-    entries = sorted(dump.entries, key=lambda e: e.get("record_id", 0))
+    entries = dump.entries
+    ids = [e.get("record_id", 0) for e in entries]
+    if any(a > b for a, b in zip(ids, ids[1:])):  # torch writes them oldest first; be sure
+        entries = sorted(entries, key=lambda e: e.get("record_id", 0))
     out.cut_off = bool(entries) and (entries[0].get("record_id") or 0) > 0
+    gaps = out.backend == "gloo"  # gloo numbers its unrecorded send/recv in op_id
+    events = out.events
     run: Optional[InternalCollectives] = None
-    call: Optional[tuple[Collective, tuple]] = None  # the traced call being grouped, its first entry's key
+    call: Optional[Collective] = None  # the traced call being grouped (all_gather_object: 2 entries)
+    call_stack: Optional[_Stack] = None
     last_op_id: dict[str, int] = {}
     last_n: dict[str, int] = {}
+    last: Optional[tuple] = None  # (entry, stack) of the last world collective
+    last_traced: Optional[dict] = None
     for entry in entries:
-        group = str((entry.get("process_group") or (WORLD_PG,))[0])
+        process_group = entry.get("process_group")
+        group = str(process_group[0]) if process_group else WORLD_PG
         frames = entry.get("frames") or []
+        info = _stack(frames, interner)
         t = (entry.get("time_created_ns") or 0) / 1e9
-        op_id = entry.get("op_id")
         n = int(entry.get("collective_seq_id") or 0)
         p2p = bool(entry.get("is_p2p"))
-        if group == WORLD_PG and not p2p and isinstance(op_id, int) and group in last_op_id \
-                and op_id - last_op_id[group] > n - last_n.get(group, n):
-            gap = op_id - last_op_id[group] - (n - last_n[group])
-            out.unrecorded_p2p.append((last_n[group], gap))
-        if isinstance(op_id, int):
-            last_op_id[group] = op_id
-        traced = _traced(frames) if frames else None
-        site = user_site(frames, interner) if frames else []
-        if not _completed(entry) and out.pending is None:
+        if gaps:
+            op_id = entry.get("op_id")
+            if isinstance(op_id, int):
+                if not p2p and group in last_op_id and op_id - last_op_id[group] > n - last_n.get(group, n):
+                    out.unrecorded_p2p.append((last_n[group], op_id - last_op_id[group] - (n - last_n[group])))
+                last_op_id[group] = op_id
+        op = info.traced or _op_name(entry, interner)
+        if out.pending is None and not _completed(entry):
             timeout = entry.get("timeout_ms")
-            out.pending = Pending(op=traced[0] if traced else _op_of(entry), n=n, group=group, frames=frames,
-                                  site=site, time_s=t, timeout_s=timeout / 1000 if timeout else None,
-                                  traced=traced is not None)
+            out.pending = Pending(op=op, n=n, group=group, frames=frames, site=info.site, time_s=t,
+                                  timeout_s=timeout / 1000 if timeout else None, traced=info.traced is not None)
         if p2p:
-            op = traced[0] if traced else _op_of(entry)
-            out.events.append(Collective(t=t, op=op, n=last_n.get(group, 0) + 1, tensors=_tensors(entry, interner),
-                                         group=None if group == WORLD_PG else group_ranks.setdefault(group, []),
-                                         site=site, units=0, seq=last_n.get(WORLD_PG, 0)))
+            events.append(Collective(t=t, op=op, n=last_n.get(group, 0) + 1, tensors=_tensors(entry, interner),
+                                     group=None if group == WORLD_PG else group_ranks.setdefault(group, []),
+                                     site=info.site, units=0, seq=last_n.get(WORLD_PG, 0)))
             run = call = None
             continue
         last_n[group] = n
         if group != WORLD_PG:
             out.groups.add(group)
-            out.events.append(Collective(t=t, op=traced[0] if traced else _op_of(entry), n=n,
-                                         tensors=_tensors(entry, interner), group=group_ranks.setdefault(group, []),
-                                         site=site, units=1, pg_seq=n, seq=last_n.get(WORLD_PG, 0),
-                                         rank_branch=in_rank_branch(site)))
+            events.append(Collective(t=t, op=op, n=n, tensors=_tensors(entry, interner),
+                                     group=group_ranks.setdefault(group, []), site=info.site, units=1, pg_seq=n,
+                                     seq=last_n.get(WORLD_PG, 0), rank_branch=info.rank_branch))
             run = call = None
             continue
         if out.first_world is None:
             out.first_world = n
-        record = {"op": traced[0] if traced else _op_of(entry), "n": n, "site": site[0] if site else None,
-                  "frames": frames, "t": t, "traced": traced is not None}
-        out.last = record
-        if traced is None and frames:
-            phase = _phase(frames)
-            op_entry = interner(("op", _op_of(entry), id(_tensors(entry, interner))),
-                                lambda: [_op_of(entry), _tensors(entry, interner)])
-            if run is not None and run.phase == phase and run.site is site and run.first + run.count == n:
+        last = (entry, info, n, t, op)
+        if info.traced is None and frames:
+            tensors = _tensors(entry, interner)
+            op_entry = interner(("op", op, id(tensors)), lambda: [op, tensors])
+            if run is not None and run.phase == info.phase and run.site is info.site and run.first + run.count == n:
                 run.count += 1
                 run.ops.append(op_entry)
             else:
-                run = InternalCollectives(t=t, first=n, count=1, phase=phase, site=site, ops=[op_entry], seq=n - 1)
-                out.events.append(run)
+                run = InternalCollectives(t=t, first=n, count=1, phase=info.phase, site=info.site, ops=[op_entry],
+                                          seq=n - 1)
+                events.append(run)
             call = None
             continue
         run = None
-        op = traced[0] if traced else _op_of(entry)
-        key = _call_key(frames, traced)
-        if call is not None and call[0].op == op and call[1] != key[1] and call[2] == key[0] \
-                and call[0].n + call[0].units == n:
-            call[0].units += 1  # the same call's next collective (all_gather_object: sizes, then data)
+        if call is not None and call.op == op and call_stack is not None and call_stack.inside != info.inside \
+                and call_stack.outside == info.outside and call.n + call.units == n:
+            call.units += 1  # the same call's next collective (all_gather_object: sizes, then data)
             continue
-        event = Collective(t=t, op=op, n=n, tensors=_tensors(entry, interner), site=site, units=1, pg_seq=n,
-                           seq=n - 1, rank_branch=in_rank_branch(site))
-        out.events.append(event)
-        call = (event, key[1], key[0])
-        out.last_traced = {"op": op, "n": n, "site": site[0] if site else None}
+        call = Collective(t=t, op=op, n=n, tensors=_tensors(entry, interner), site=info.site, units=1, pg_seq=n,
+                          seq=n - 1, rank_branch=info.rank_branch)
+        call_stack = info
+        events.append(call)
+        last_traced = {"op": op, "n": n, "site": info.site[0] if info.site else None}
+    if last is not None:
+        entry, info, n, t, op = last
+        out.last = {"op": op, "n": n, "site": info.site[0] if info.site else None, "frames": entry.get("frames") or [],
+                    "t": t, "traced": info.traced is not None}
+    out.last_traced = last_traced
     return out
 
 
-def _call_key(frames: list, traced: Optional[tuple[str, int]]) -> tuple[tuple, tuple]:
-    """(the frames outside the traced call, the frames inside it): the entries of one call share the
-    outside; a new call of the same line repeats its first entry's inside."""
-    if traced is None:
-        return (), ()
-    index = traced[1]
-    outside = tuple((f.get("filename"), f.get("line")) for f in frames[index + 1:])
-    inside = tuple((f.get("filename"), f.get("line")) for f in frames[:index + 1])
-    return outside, inside
+# -- across processes: a thousand dumps convert in parallel, their events travel as plain tuples ---------
+
+class Packer:
+    """Packs converted ranks for another process: events as tuples of numbers, each distinct site,
+    tensor list and op list once in tables the tuples index (what :class:`Interner` made shared)."""
+
+    def __init__(self) -> None:
+        self.tables: tuple[list, list, list] = ([], [], [])  # sites, tensor lists, ops lists
+        self._index: tuple[dict, dict, dict] = ({}, {}, {})  # id(shared object) -> its index
+
+    def _ref(self, kind: int, value, key) -> int:
+        index = self._index[kind].get(id(value))
+        if index is None:
+            index = self._index[kind][id(value)] = len(self.tables[kind])
+            self.tables[kind].append(key(value))
+        return index
+
+    def pack(self, converted: ConvertedRank, group_ranks: dict[str, list]) -> tuple:
+        names = {id(ranks): name for name, ranks in group_ranks.items()}
+        site = functools.partial(self._ref, 0, key=lambda v: tuple((f["file"], f["line"], f["function"]) for f in v))
+        tensors = functools.partial(self._ref, 1, key=lambda v: tuple((tuple(s), d) for s, d in v))
+        rows = []
+        for e in converted.events:
+            if isinstance(e, Collective):
+                rows.append((0, e.t, e.op, e.n, tensors(e.tensors), site(e.site),
+                             None if e.group is None else names[id(e.group)], e.units, e.pg_seq, e.seq, e.rank_branch))
+            else:
+                ops = self._ref(2, e.ops, key=lambda v: tuple((op, tensors(t)) for op, t in v))
+                rows.append((1, e.t, e.first, e.count, e.phase, site(e.site), ops, e.seq))
+        return rows, dict(converted.__dict__, events=None)
+
+
+class Unpacker:
+    """Rebuilds what a :class:`Packer` sent, sharing sites and tensor lists with this process's ranks."""
+
+    def __init__(self, tables: tuple[list, list, list], interner: Interner) -> None:
+        sites, tensor_lists, ops = tables
+        self.sites = [interner(("site", k), lambda k=k: [{"file": f, "line": line, "function": fn}
+                                                       for f, line, fn in k]) for k in sites]
+        self.tensors = [interner(("packed-tensors", k), lambda k=k: [[list(s), d] for s, d in k])
+                        for k in tensor_lists]
+        self.ops = [[interner(("packed-op", op, t), lambda op=op, t=t: [op, self.tensors[t]]) for op, t in k]
+                    for k in ops]
+
+    def unpack(self, packed: tuple, *, group_ranks: dict[str, list]) -> ConvertedRank:
+        rows, state = packed
+        converted = ConvertedRank(**state)
+        events: list[Event] = []
+        converted.events = events
+        sites, tensors = self.sites, self.tensors
+        for row in rows:
+            if row[0] == 0:
+                _, t, op, n, tensor_ref, site_ref, group, units, pg_seq, seq, rank_branch = row
+                events.append(Collective(t=t, op=op, n=n, tensors=tensors[tensor_ref], site=sites[site_ref],
+                                         group=None if group is None else group_ranks.setdefault(group, []),
+                                         units=units, pg_seq=pg_seq, seq=seq, rank_branch=rank_branch))
+            else:
+                _, t, first, count, phase, site_ref, ops_ref, seq = row
+                events.append(InternalCollectives(t=t, first=first, count=count, phase=phase, site=sites[site_ref],
+                                                  seq=seq, ops=list(self.ops[ops_ref])))
+        return converted

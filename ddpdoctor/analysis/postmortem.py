@@ -18,15 +18,17 @@ state the dumps were taken in becomes the monitor's :class:`StopSnapshot`:
 
 from __future__ import annotations
 
+import gc
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor.analysis import elastic
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
-from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
+from ddpdoctor.analysis.fr_convert import (ConvertedRank, Interner, Packer, Unpacker, as_stack, convert_dump,
+                                          is_library_file)
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
 from ddpdoctor.schema.observations import Failure, Heartbeat, Observations, RankState, StopSnapshot
 
@@ -128,9 +130,70 @@ def _read_text_tail(path: str) -> str:
         return f.read().decode("utf-8", errors="replace")
 
 
-def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = None) -> PostMortem:
+MapChunks = Callable[[Callable[[list], tuple], list], Iterable[tuple]]  # map(function, chunks), maybe in processes
+CHUNK = 16  # dumps per task when converting in several processes
+PARALLEL_FROM = 64  # fewer dumps convert faster here than a pool of processes starts
+
+
+def convert_chunk(paths: list[str]) -> tuple:
+    """Read and convert some dumps, for another process: (the packer's tables, one result per path),
+    the events packed (:class:`Packer`)."""
+    group_ranks: dict[str, list] = {}
+    interner = Interner()
+    packer = Packer()
+    gc.disable()  # millions of short-lived containers: the cyclic collector only slows reading them
+    try:
+        out = []
+        for path in paths:
+            result = _convert_path(path, group_ranks, interner)
+            out.append(result if result[0] == "bad" else (*result[:5], packer.pack(result[5], group_ranks)))
+        return packer.tables, out
+    finally:
+        gc.enable()
+
+
+def _convert_path(path: str, group_ranks: dict[str, list], interner: Interner) -> tuple:
+    """("ok", rank, (path, mtime, format, version), world size per pg_config, {group: ranks}, converted)
+    or ("bad", path, why, the rank its name says)."""
+    try:
+        dump = read_dump(path)
+    except NotADump as exc:
+        return ("bad", path, str(exc).split(": ", 1)[-1], rank_from_name(path))
+    groups: dict[str, list] = {}
+    _record_group_ranks(dump, groups)
+    _merge_groups(group_ranks, groups)
+    converted = convert_dump(dump, group_ranks=group_ranks, interner=interner)
+    return ("ok", dump.rank, (path, dump.mtime, dump.format, dump.version), _world_from_config(dump), groups,
+            converted)
+
+
+def _merge_groups(group_ranks: dict[str, list], found: dict[str, list]) -> None:
+    for name, ranks in found.items():
+        shared = group_ranks.setdefault(name, [])
+        if ranks and not shared:
+            shared.extend(ranks)
+
+
+def _converted_dumps(paths: list[str], group_ranks: dict[str, list], interner: Interner,
+                     map_chunks: Optional[MapChunks]) -> Iterator[tuple]:
+    if map_chunks is None or len(paths) < PARALLEL_FROM:
+        for path in paths:
+            yield _convert_path(path, group_ranks, interner)
+        return
+    for tables, results in map_chunks(convert_chunk, [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]):
+        unpacker = Unpacker(tables, interner)
+        for result in results:
+            if result[0] == "ok":
+                _merge_groups(group_ranks, result[4])
+                result = (*result[:5], unpacker.unpack(result[5], group_ranks=group_ranks))
+            yield result
+
+
+def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = None,
+         map_chunks: Optional[MapChunks] = None) -> PostMortem:
     """The evidence in ``paths``. ``classify``: the live monitor's stack classifier
-    (``ddpdoctor.supervisor.hang.classify``), so a rank is "waiting" by the same rule."""
+    (``ddpdoctor.supervisor.hang.classify``), so a rank is "waiting" by the same rule; ``map_chunks``:
+    how to convert many dumps at once (the caller's process pool), None for one by one here."""
     inputs = discover(paths)
     if not inputs.dumps and not inputs.error_files and not inputs.logs:
         raise ValueError("found no flight recorder dump, torchrun error file or log in " + ", ".join(paths))
@@ -138,23 +201,21 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     group_ranks: dict[str, list] = {}
     converted: dict[int, ConvertedRank] = {}
     dumps_meta: dict[int, tuple[str, float, str, str]] = {}  # rank -> (path, mtime, format, version)
-    world_ranks: Optional[int] = None
+    world_ranks = 0
     notes: list[str] = []
     unreadable: set[Optional[int]] = set()
-    for path in inputs.dumps:
-        try:
-            dump = read_dump(path)
-        except NotADump as exc:
-            inputs.ignored.append((path, str(exc).split(": ", 1)[-1]))
-            unreadable.add(rank_from_name(path))  # a dump cut short still names its rank
+    for result in _converted_dumps(inputs.dumps, group_ranks, interner, map_chunks):
+        if result[0] == "bad":
+            _, path, why, rank = result
+            inputs.ignored.append((path, why))
+            unreadable.add(rank)  # a dump cut short still names its rank
             continue
-        if dump.rank in converted:
-            raise ValueError(f"two dumps for rank {dump.rank}: {dumps_meta[dump.rank][0]} and {path}")
-        world_ranks = max(world_ranks or 0, _world_from_config(dump))
-        _record_group_ranks(dump, group_ranks)
-        converted[dump.rank] = convert_dump(dump, group_ranks=group_ranks, interner=interner)
-        dumps_meta[dump.rank] = (path, dump.mtime, dump.format, dump.version)
-        del dump  # the raw entries: only the converted events are kept
+        _, rank, meta, world, _, conv = result
+        if rank in converted:
+            raise ValueError(f"two dumps for rank {rank}: {dumps_meta[rank][0]} and {meta[0]}")
+        world_ranks = max(world_ranks, world)
+        converted[rank] = conv
+        dumps_meta[rank] = meta
     for name, ranks in group_ranks.items():  # gloo records no members: the ranks that used the group
         if not ranks:
             ranks.extend(sorted(r for r, c in converted.items() if name in c.groups))
@@ -184,7 +245,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
         errors.setdefault(rank, error)
 
     known = set(converted) | set(errors) | {f.rank for f in table.failures} | set(logs) | (unreadable - {None})
-    size = max([world_size or 0, world_ranks or 0, max(known, default=-1) + 1])
+    size = max([world_size or 0, world_ranks, max(known, default=-1) + 1])
     missing = sorted(set(range(size)) - set(converted)) if converted else []
     evidence = _evidence(converted, dumps_meta, errors, logs, size)
     script = _script(converted) or os.path.abspath(paths[0])  # no stack (JSON dumps): name what was read

@@ -7,9 +7,14 @@ checkpoints, and the other checks would report their absence as a problem.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import multiprocessing
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.analysis.postmortem import PostMortem, load
@@ -47,13 +52,38 @@ def analyze(paths: list[str], *, world_size: Optional[int] = None, select: Itera
             ignore: Iterable[str] = ()) -> PostMortemReport:
     """Diagnose the job whose files are in ``paths`` (ValueError for unusable input)."""
     started = time.monotonic()
-    postmortem = load(paths, classify=classify, world_size=world_size)
+    gc.disable()  # millions of containers, no cycles among them: the collector only costs time here
+    try:
+        with _pool() as map_chunks:
+            postmortem = load(paths, classify=classify, world_size=world_size, map_chunks=map_chunks)
+        return _report(paths, postmortem, started=started, select=select, ignore=ignore)
+    finally:
+        gc.enable()
+
+
+@contextlib.contextmanager
+def _pool() -> Iterator[Optional[Callable]]:
+    """map(function, chunks) over the CPUs' processes, for converting a thousand dumps; forked, so the
+    workers start at once (spawned ones would import everything again)."""
+    workers = min(os.cpu_count() or 1, 8)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        yield None
+        return
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+    try:
+        yield pool.map
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _report(paths: list[str], postmortem: PostMortem, *, started: float, select: Iterable[str],
+            ignore: Iterable[str]) -> PostMortemReport:
     checks = select_checks([c for c in load_checks() if c.id in POSTMORTEM_CHECKS], tuple(select), tuple(ignore))
     evidence = postmortem.evidence
-    files = {evidence.script} if evidence.script else set()
-    for rank_evidence in evidence.ranks.values():
-        for event in rank_evidence.events:
-            files.update(frame.get("file", "") for frame in getattr(event, "site", None) or [])
+    sites = {id(site): site for rank_evidence in evidence.ranks.values() for event in rank_evidence.events
+             if (site := getattr(event, "site", None))}  # shared lists: each distinct site once
+    files = {frame.get("file", "") for site in sites.values() for frame in site}
+    files.add(evidence.script or "")
     analysis = run_checks(evidence, checks, suppressions=scan_files(f for f in files if f and not f.startswith("<")))
     report = build_report(evidence, analysis, version=__version__, script=evidence.script, argv=list(paths),
                           duration_s=time.monotonic() - started)
