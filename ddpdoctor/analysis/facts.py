@@ -17,8 +17,8 @@ from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
 from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, rank_trace,
                                       subgroup_traces)
-from ddpdoctor.schema.events import (DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass, OptimizerInfo,
-                                     ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
+                                     OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -187,7 +187,7 @@ class Facts:
         (``group`` names its global ranks)."""
         missing = set(self.evidence.observations.missing_ranks)
         return first_subgroup_mismatch(subgroup_traces(
-            {rank: ev.events for rank, ev in self.evidence.ranks.items() if rank not in missing}))
+            {rank: ev.of(Collective) for rank, ev in self.evidence.ranks.items() if rank not in missing}))
 
     @functools.cached_property
     def collective_mismatch(self) -> Optional[Mismatch]:

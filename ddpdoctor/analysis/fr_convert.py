@@ -103,7 +103,7 @@ class Interner:
         self._values: dict = {}
         self.library: dict[str, bool] = {}
         self.stacks: dict[tuple, "_Stack"] = {}  # (file, line) of every frame -> what the stack says
-        self.ops: dict[str, str] = {}  # profiling name -> op
+        self.described: dict[tuple, tuple] = {}  # (profiling name, sizes, dtypes) -> (op, tensors, [op, tensors])
 
     def __call__(self, key, make):
         value = self._values.get(key)
@@ -203,10 +203,6 @@ class ConvertedRank:
     backend: str = ""
 
 
-def _completed(entry: dict) -> bool:
-    return bool(entry.get("retired")) or entry.get("state") == "completed"
-
-
 class _Stack(NamedTuple):
     """What one recorded Python stack says, computed once per distinct stack (they repeat)."""
 
@@ -238,12 +234,11 @@ def _stack(frames: list, interner: Interner) -> _Stack:
     return info
 
 
-def _op_name(entry: dict, interner: Interner) -> str:
-    name = entry.get("profiling_name") or ""
-    op = interner.ops.get(name)
-    if op is None:
-        op = interner.ops[name] = _op_of(entry)
-    return op
+def _describe(entry: dict, interner: Interner) -> tuple[str, list, list]:
+    """(op, [[shape], dtype] of its inputs, [op, tensors]) of an entry, shared by every entry alike."""
+    op = _op_of(entry)
+    tensors = _tensors(entry, interner)
+    return op, tensors, interner(("op", op, id(tensors)), lambda: [op, tensors])
 
 
 def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner) -> ConvertedRank:
@@ -264,11 +259,16 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
     last_n: dict[str, int] = {}
     last: Optional[tuple] = None  # (entry, stack) of the last world collective
     last_traced: Optional[dict] = None
-    for entry in entries:
+    stacks = interner.stacks
+    described: dict[tuple, tuple] = interner.described  # (profiling name, sizes, dtypes) -> (op, tensors, op entry)
+    frame_key = _FRAME_KEY
+    for entry in entries:  # a thousand ranks of two thousand entries: every lookup here counts
         process_group = entry.get("process_group")
         group = str(process_group[0]) if process_group else WORLD_PG
-        frames = entry.get("frames") or []
-        info = _stack(frames, interner)
+        frames = entry.get("frames") or ()
+        info = stacks.get(tuple(map(frame_key, frames))) if frames else _NO_STACK
+        if info is None:
+            info = _stack(frames, interner)
         t = (entry.get("time_created_ns") or 0) / 1e9
         n = int(entry.get("collective_seq_id") or 0)
         p2p = bool(entry.get("is_p2p"))
@@ -278,13 +278,19 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
                 if not p2p and group in last_op_id and op_id - last_op_id[group] > n - last_n.get(group, n):
                     out.unrecorded_p2p.append((last_n[group], op_id - last_op_id[group] - (n - last_n[group])))
                 last_op_id[group] = op_id
-        op = info.traced or _op_name(entry, interner)
-        if out.pending is None and not _completed(entry):
+        sizes, dtypes = entry.get("input_sizes") or (), entry.get("input_dtypes") or ()
+        what = (entry.get("profiling_name") or "", repr(sizes), tuple(dtypes))
+        description = described.get(what)
+        if description is None:
+            description = described[what] = _describe(entry, interner)
+        op = info.traced or description[0]
+        tensors = description[1]
+        if out.pending is None and not (entry.get("retired") or entry.get("state") == "completed"):
             timeout = entry.get("timeout_ms")
             out.pending = Pending(op=op, n=n, group=group, frames=frames, site=info.site, time_s=t,
                                   timeout_s=timeout / 1000 if timeout else None, traced=info.traced is not None)
         if p2p:
-            events.append(Collective(t=t, op=op, n=last_n.get(group, 0) + 1, tensors=_tensors(entry, interner),
+            events.append(Collective(t=t, op=op, n=last_n.get(group, 0) + 1, tensors=tensors,
                                      group=None if group == WORLD_PG else group_ranks.setdefault(group, []),
                                      site=info.site, units=0, seq=last_n.get(WORLD_PG, 0)))
             run = call = None
@@ -292,23 +298,21 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
         last_n[group] = n
         if group != WORLD_PG:
             out.groups.add(group)
-            events.append(Collective(t=t, op=op, n=n, tensors=_tensors(entry, interner),
-                                     group=group_ranks.setdefault(group, []), site=info.site, units=1, pg_seq=n,
-                                     seq=last_n.get(WORLD_PG, 0), rank_branch=info.rank_branch))
+            events.append(Collective(t=t, op=op, n=n, tensors=tensors, group=group_ranks.setdefault(group, []),
+                                     site=info.site, units=1, pg_seq=n, seq=last_n.get(WORLD_PG, 0),
+                                     rank_branch=info.rank_branch))
             run = call = None
             continue
         if out.first_world is None:
             out.first_world = n
         last = (entry, info, n, t, op)
         if info.traced is None and frames:
-            tensors = _tensors(entry, interner)
-            op_entry = interner(("op", op, id(tensors)), lambda: [op, tensors])
             if run is not None and run.phase == info.phase and run.site is info.site and run.first + run.count == n:
                 run.count += 1
-                run.ops.append(op_entry)
+                run.ops.append(description[2])
             else:
-                run = InternalCollectives(t=t, first=n, count=1, phase=info.phase, site=info.site, ops=[op_entry],
-                                          seq=n - 1)
+                run = InternalCollectives(t=t, first=n, count=1, phase=info.phase, site=info.site,
+                                          ops=[description[2]], seq=n - 1)
                 events.append(run)
             call = None
             continue
@@ -317,8 +321,8 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
                 and call_stack.outside == info.outside and call.n + call.units == n:
             call.units += 1  # the same call's next collective (all_gather_object: sizes, then data)
             continue
-        call = Collective(t=t, op=op, n=n, tensors=_tensors(entry, interner), site=info.site, units=1, pg_seq=n,
-                          seq=n - 1, rank_branch=info.rank_branch)
+        call = Collective(t=t, op=op, n=n, tensors=tensors, site=info.site, units=1, pg_seq=n, seq=n - 1,
+                          rank_branch=info.rank_branch)
         call_stack = info
         events.append(call)
         last_traced = {"op": op, "n": n, "site": info.site[0] if info.site else None}

@@ -175,14 +175,20 @@ class Mismatch:
     def absent(self) -> list[int]:
         return sorted(r for r, e in self.calls.items() if e is None)
 
+    def _line_counts(self, entry: TraceEntry) -> set[int]:
+        """How often the ranks issued collectives from this collective's line: each distinct Counter
+        once (ranks that issued the same share one), 0 for a rank without any."""
+        key = entry.line_key()
+        distinct = {id(c): c for c in self.counts.values()}.values()
+        found = {c[key] for c in distinct}
+        return found | {0} if any(r not in self.counts for r in self.calls) else found
+
     def only_some_ranks(self, entry: TraceEntry) -> bool:
         """Whether the line this collective came from issued collectives on some ranks only."""
-        key = entry.line_key()
-        return any(self.counts.get(r, Counter())[key] == 0 for r in self.calls)
+        return 0 in self._line_counts(entry)
 
     def uneven(self, entry: TraceEntry) -> bool:
-        key = entry.line_key()
-        return len({self.counts.get(r, Counter())[key] for r in self.calls}) > 1
+        return len(self._line_counts(entry)) > 1
 
     def culprit(self) -> int:
         """The rank whose collective to point at: one from a line only some ranks ran (rank-only

@@ -232,3 +232,22 @@ def test_check_turns_the_recorder_on_unless_the_user_sized_it(monkeypatch, tmp_p
     assert "TORCH_FR_BUFFER_SIZE" not in env and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
     kept = RunConfig(script=str(tmp_path / "train.py"), keep_evidence=str(tmp_path / "kept"))
     assert launch._rank_env(kept, str(tmp_path), keep_launcher_vars=False)["DDPDOCTOR_FR_DUMPS"] == "1"
+
+
+def test_dumps_converted_in_other_processes_are_the_same_evidence():
+    paths = sorted(str(p) for p in (DATA / "subgroup").glob("fr_trace_rank_*"))
+    serial = load(paths, classify=classify)
+    chunked = load(paths, classify=classify, map_chunks=map)  # the pool's protocol, without the processes
+
+    def events(postmortem):
+        return {r: [e.to_json() for e in ev.events] for r, ev in postmortem.evidence.ranks.items()}
+
+    import ddpdoctor.analysis.postmortem as module
+    assert len(paths) < module.PARALLEL_FROM  # so force the packed path
+    try:
+        module.PARALLEL_FROM, saved = 1, module.PARALLEL_FROM
+        chunked = load(paths, classify=classify, map_chunks=map)
+    finally:
+        module.PARALLEL_FROM = saved
+    assert events(chunked) == events(serial)
+    assert chunked.evidence.stop.to_json() == serial.evidence.stop.to_json()
