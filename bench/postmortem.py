@@ -10,8 +10,8 @@ as torch's pickler memoizes them. One rank is stuck in its own code one step beh
 rank waits in the next backward. ``ddpdoctor analyze`` runs on the folder in a fresh process;
 its wall time and peak RSS are measured, and its finding must name that rank.
 
-Recorder cost: the reference-sized DDP step of bench/workloads under plain torchrun, with
-TORCH_FR_BUFFER_SIZE=0 and =2000 interleaved, median step time of each.
+Recorder cost: bench/workloads/mlp_step.py under plain torchrun, TORCH_FR_BUFFER_SIZE=0 and =2000
+interleaved, median step time of each, for a 9.5M-parameter MLP and a tiny one.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import pickle
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,22 +121,29 @@ def bench_scale(*, ranks: int, entries: int) -> None:
 
 
 def bench_recorder_cost(*, rounds: int, steps: int) -> None:
-    """Median DDP step time under plain torchrun, recorder off (0) and on (2000), interleaved."""
-    workload = ROOT / "bench" / "workloads" / "fr_step.py"
-    times: dict[str, list[float]] = {"0": [], "2000": []}
-    for _ in range(rounds):
-        for size in ("0", "2000"):
-            env = {**ENV, "TORCH_FR_BUFFER_SIZE": size, "OMP_NUM_THREADS": "1"}
-            proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                                   str(workload), str(steps)], env=env, capture_output=True, text=True, timeout=600)
-            line = next((x for x in proc.stdout.splitlines() if x.startswith("STEP_MS")), None)
-            if line is None:
-                raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
-            times[size].append(float(line.split()[1]))
-    off, on = sorted(times["0"])[len(times["0"]) // 2], sorted(times["2000"])[len(times["2000"]) // 2]
-    table(f"flight recorder cost per DDP step (2 gloo ranks, {steps} steps x {rounds} rounds, median)",
-          ["TORCH_FR_BUFFER_SIZE", "step", "vs off"],
-          [["0 (off)", f"{off:.2f} ms", ""], ["2000 (on)", f"{on:.2f} ms", f"{(on - off) / off * 100:+.1f}%"]])
+    """Median DDP step under plain torchrun with TORCH_FR_BUFFER_SIZE=0 (off) and 2000 (on), the runs
+    interleaved, for the 9.5M-parameter MLP of bench/workloads and for a tiny one whose step is
+    almost only its collectives (the recorder's cost is per collective: a Python stack each)."""
+    workload = ROOT / "bench" / "workloads" / "mlp_step.py"
+    models = {"MLP 9.5M params": ("--width", "1024", "--depth", "9"), "MLP 4k params": ("--width", "32", "--depth", "2")}
+    rows = []
+    for name, model in models.items():
+        times: dict[str, list[float]] = {"0": [], "2000": []}
+        for _ in range(rounds):
+            for size in ("0", "2000"):
+                env = {**ENV, "TORCH_FR_BUFFER_SIZE": size, "OMP_NUM_THREADS": "1"}
+                proc = subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                       str(workload), "--steps", str(steps), *model], env=env, capture_output=True,
+                                      text=True, timeout=900)
+                line = next((x for x in proc.stdout.splitlines() if x.startswith("STEP_TIME_MS")), None)
+                if line is None:
+                    raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-2000:])
+                times[size].append(float(line.split()[2]))
+        off, on = statistics.median(times["0"]), statistics.median(times["2000"])
+        rows.append([name, f"{off:.3f} ms", f"{on:.3f} ms", f"{(on - off) * 1000:+.0f} us",
+                     f"{(on - off) / off * 100:+.1f}%"])
+    table(f"flight recorder cost per DDP step (2 gloo ranks, {steps} steps, median of {rounds} interleaved runs)",
+          ["model", "recorder off (0)", "on (2000)", "per step", "relative"], rows)
 
 
 def main() -> None:
@@ -144,7 +152,7 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--recorder-cost", action="store_true", help="measure the recorder's cost per step")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=110)
     args = parser.parse_args()
     if args.recorder_cost:
         bench_recorder_cost(rounds=args.rounds, steps=args.steps)

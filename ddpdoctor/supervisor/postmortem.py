@@ -43,8 +43,8 @@ class PostMortemReport:
         if named is not None and (failure is None or named not in failure.ranks):
             cause = f"the cause is rank {', '.join(map(str, failure.ranks))}" if failure and failure.ranks else \
                 "the findings below name the cause"
-            notes.append(f"torchrun's \"first observed failure\" was rank {named}: the earliest error file, not the "
-                         f"first failure; {cause}")
+            notes.append(f"torchrun's \"first observed failure\" was rank {named}: the earliest error file or exit "
+                         f"it saw, not the cause; {cause}")
         return notes
 
 

@@ -237,15 +237,14 @@ def test_check_turns_the_recorder_on_unless_the_user_sized_it(monkeypatch, tmp_p
 def test_dumps_converted_in_other_processes_are_the_same_evidence():
     paths = sorted(str(p) for p in (DATA / "subgroup").glob("fr_trace_rank_*"))
     serial = load(paths, classify=classify)
-    chunked = load(paths, classify=classify, map_chunks=map)  # the pool's protocol, without the processes
 
     def events(postmortem):
         return {r: [e.to_json() for e in ev.events] for r, ev in postmortem.evidence.ranks.items()}
 
     import ddpdoctor.analysis.postmortem as module
-    assert len(paths) < module.PARALLEL_FROM  # so force the packed path
+    saved = module.PARALLEL_FROM
     try:
-        module.PARALLEL_FROM, saved = 1, module.PARALLEL_FROM
+        module.PARALLEL_FROM = 1  # four dumps: take the packed path anyway, with map() for the pool
         chunked = load(paths, classify=classify, map_chunks=map)
     finally:
         module.PARALLEL_FROM = saved
