@@ -250,3 +250,53 @@ def test_dumps_converted_in_other_processes_are_the_same_evidence():
         module.PARALLEL_FROM = saved
     assert events(chunked) == events(serial)
     assert chunked.evidence.stop.to_json() == serial.evidence.stop.to_json()
+
+
+# -- NCCL's dumps (made here: this machine has no GPU), with their group members and send/recv --------
+
+SITE = "/venv/lib/python3.11/site-packages"
+
+
+def _nccl_entry(record: int, n: int, name: str, *, group=("0", "default_pg"), p2p_n: int = 0, line: int = 30,
+                state: str = "completed", sizes=((8,),)) -> dict:
+    function = name.split(":")[1].split(" ")[0]
+    return {"record_id": record, "pg_id": int(group[0]), "process_group": group, "collective_seq_id": n,
+            "p2p_seq_id": p2p_n, "op_id": record + 1, "profiling_name": name, "time_created_ns": 10**18 + record,
+            "input_sizes": [list(s) for s in sizes], "input_dtypes": ["Float"] * len(sizes),
+            "output_sizes": [list(s) for s in sizes], "output_dtypes": ["Float"] * len(sizes), "state": state,
+            "retired": state == "completed", "timeout_ms": 600000, "is_p2p": p2p_n > 0,
+            "frames": [{"name": function, "filename": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 100},
+                       {"name": "main", "filename": "/job/train.py", "line": line}]}
+
+
+def _write_nccl(folder: Path, rank: int, entries: list) -> None:
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "undefined", "ranks": "[2, 3]"}}
+    with open(folder / f"nccl_trace_rank_{rank}", "wb") as f:
+        pickle.dump({"version": "2.10", "pg_config": config, "pg_status": {}, "entries": entries}, f)
+
+
+def test_nccl_dumps_name_group_members_and_keep_point_to_point_apart(tmp_path):
+    for rank in range(4):
+        entries = [_nccl_entry(0, 1, "nccl:all_reduce")]
+        if rank in (0, 1):  # a send/recv pair: numbered apart from the collectives (p2p_seq_id)
+            peer = "nccl:send 0->1" if rank == 0 else "nccl:recv 0<-1"
+            entries.append(_nccl_entry(1, 1, peer, p2p_n=1, line=31))
+            entries.append(_nccl_entry(2, 2, "nccl:all_reduce", line=32, state="scheduled"))
+        else:  # the second pair's subgroup disagrees on its shape, and never reaches the world's #2
+            entries.append(_nccl_entry(1, 1, "nccl:all_reduce", group=("1", "undefined"), line=40,
+                                       sizes=((8,),) if rank == 2 else ((9,),), state="scheduled"))
+        _write_nccl(tmp_path, rank, entries)
+    postmortem = load([str(tmp_path)], classify=classify)
+    evidence = postmortem.evidence
+    assert evidence.world_size == 4 and not evidence.observations.missing_ranks
+    sends = [e for e in evidence.ranks[0].events if isinstance(e, Collective) and e.op == "send"]
+    assert len(sends) == 1 and sends[0].units == 0 and sends[0].site[0]["line"] == 31
+    subgroup = [e for e in evidence.ranks[3].events if isinstance(e, Collective) and e.group is not None]
+    assert subgroup[0].group == [2, 3]  # from NCCL's pg_config, not guessed
+    assert not any("does not record its members" in note for note in postmortem.notes)
+    report = analyze([str(tmp_path)]).report
+    (finding,) = report.findings
+    assert finding.evidence["group"] == [2, 3] and finding.location.line == 40
+    assert "rank 2 called all_reduce of float32[8]" in finding.message
+    assert "rank 3 called all_reduce of float32[9]" in finding.message
