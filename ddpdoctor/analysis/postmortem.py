@@ -244,10 +244,15 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
             continue
         errors.setdefault(rank, error)
 
-    known = set(converted) | set(errors) | {f.rank for f in table.failures} | set(logs) | (unreadable - {None})
+    failed_logs = {r for r, log in logs.items() if log.exception is not None}  # other logs only lend their tails
+    if not converted and not errors and not table.failures and not failed_logs:
+        raise ValueError("found no flight recorder dump, torchrun error file, failure table or traceback in "
+                         + ", ".join(paths) + (f" (skipped: {', '.join(p for p, _ in inputs.ignored)})"
+                                               if inputs.ignored else ""))
+    known = set(converted) | set(errors) | {f.rank for f in table.failures} | failed_logs | (unreadable - {None})
     size = max([world_size or 0, world_ranks, max(known, default=-1) + 1])
     missing = sorted(set(range(size)) - set(converted)) if converted else []
-    evidence = _evidence(converted, dumps_meta, errors, logs, size)
+    evidence = _evidence(converted, dumps_meta, errors, {r: logs[r] for r in failed_logs}, size)
     script = _script(converted) or os.path.abspath(paths[0])  # no stack (JSON dumps): name what was read
     pending = {r: c.pending for r, c in converted.items() if c.pending is not None}
     waiting_ranks = set(pending)

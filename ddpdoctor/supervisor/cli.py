@@ -289,7 +289,7 @@ def report(
 
 @app.command()
 def analyze(
-    paths: list[str] = typer.Argument(..., metavar="PATH...", help="Flight recorder dumps (a folder, a glob or files; "
+    paths: list[str] = typer.Argument(..., metavar="PATH", help="Flight recorder dumps (a folder, a glob or files; "
                                       "pickle or JSON), torchrun error files and rank logs."),
     world_size: Optional[int] = typer.Option(None, "--world-size", help="Ranks in the job, when the dumps cannot "
                                              "say (a rank that left no dump is then named as missing)."),
