@@ -48,6 +48,12 @@ def _failure_in_the_mismatched_collective(finding: Finding, cause: Finding) -> b
         sequence is not None and finding.evidence.get("seq") is not None and finding.evidence["seq"] >= sequence)
 
 
+def _ddp_collectives_unmatched(finding: Finding) -> bool:
+    """collective-hang about DDP's own collectives (a gradient all-reduce some ranks never issued),
+    not about a call in the user's code."""
+    return str(finding.evidence.get("culprit_phase") or "").startswith("ddp-")
+
+
 def _peer_symptom(finding: Finding, _cause: Finding) -> bool:
     return finding.check == "rank-failure" and bool(finding.evidence.get("secondary_only"))
 
@@ -98,8 +104,11 @@ RULES: tuple[Rule, ...] = (
     # left alone in DDP's collectives for the batches it still has.
     Rule("a rank ran out of data", _is("uneven-inputs", severities=("error",), cause="data"),
          lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and (
-             f.evidence.get("kind") == "hang"
-             or (f.evidence.get("kind") == "orphan" and str(f.evidence.get("phase", "")).startswith("ddp-"))))),
+             f.evidence.get("kind") == "hang" or _ddp_collectives_unmatched(f)))),
+    # A rank left its training loop early (a `break` on one rank): DDP's own collectives for the
+    # iterations the others still run find no partner. No traced call of the user's is involved.
+    Rule("ranks ran different numbers of iterations", _is("uneven-inputs", severities=("error",)),
+         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and _ddp_collectives_unmatched(f))),
     # Ranks took different collectives: the batch counts they reached differ as a result.
     Rule("collectives diverged", _is("collective-hang", severities=("error",)),
          lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") == "control-flow")

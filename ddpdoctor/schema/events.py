@@ -253,6 +253,7 @@ class DDPUsage(Event):
     kind: ClassVar[str] = "ddp_usage"
     ddp: int = 0
     iterations: int = 0
+    backwards: Optional[int] = None  # backward passes DDP synchronized, the one still running included
     unused: dict = field(default_factory=dict)  # str(param index) -> iterations without gradient
     last_unused: list = field(default_factory=list)
     final: bool = False
@@ -311,7 +312,10 @@ class ContentPass(Event):
     are this part's kept row hashes (63-bit, sorted, encoded as sample indices are): a row is kept
     while ``hash >> (63 - level)`` is 0, and ``level`` (cumulative) rises when a pass keeps too many,
     so the same rows are kept on every rank. ``order`` digests every row hash in order (cumulative);
-    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative.
+    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative. Forward windows
+    also carry a digest of each forward's whole batch (``digests``, from forward ``first_forward``
+    on), so identical batches fed at the same training step on several ranks show however few rows
+    a batch has.
     """
 
     kind: ClassVar[str] = "content_pass"
@@ -337,6 +341,11 @@ class ContentPass(Event):
     steps: int = 0
     ddp_forwards: int = 0
     site: Site = field(default_factory=list)
+    set_epoch_method: Optional[bool] = None  # "loader": the dataset defines set_epoch (it means to vary by epoch)
+    dataset_epoch: Optional[int] = None  # "loader": the dataset's own epoch attribute when the pass started
+    declares_shuffle: Optional[bool] = None  # "loader": the dataset says it shuffles (a `shuffle` flag, HF's shuffling)
+    first_forward: Optional[int] = None  # "forward" windows: the module's training forward (1-based) of digests[0]
+    digests: list = field(default_factory=list)  # "forward" windows, this part: one digest per forward's whole batch
 
 
 # -- collectives --------------------------------------------------------------------------------

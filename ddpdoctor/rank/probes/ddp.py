@@ -69,7 +69,9 @@ class DDPState:
             self.last_emitted_unused = unused
 
     def emit_usage(self, rec: Recorder, *, last_unused: list[int] = (), final: bool = False) -> None:
-        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, last_unused=list(last_unused), final=final,
+        backwards = self.iterations + (1 if self.iteration_open and self.fired else 0)
+        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, backwards=backwards,
+                          last_unused=list(last_unused), final=final,
                           unused={str(i): c for i, c in sorted(self.unused_counts.items())}))
         self.usage_dirty = False
 
@@ -108,7 +110,8 @@ def install(rec: Recorder) -> Callable[[], None]:
         for state in STATES:
             if final:
                 state.close_iteration(rec)
-            if state.iterations and (state.usage_dirty or final):
+            running = state.iteration_open and bool(state.fired)  # a backward under way (a hang in it)
+            if (state.iterations or running) and (state.usage_dirty or final or running):
                 state.emit_usage(rec, final=final)
 
     rec.on_dump.append(lambda: flush(final=False))
