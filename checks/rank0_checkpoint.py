@@ -132,7 +132,7 @@ def _unordered_reads(by_path, loads: list[tuple[int, Load]]) -> list[Finding]:
                     evidence={"path": load.path, "writer": writer, "reader": reader,
                               "writer_collectives_after_write": write.seq_end,
                               "reader_collectives_before_read": read_at,
-                              "write_site": write.site, "read_site": load.site},
+                              "write_site": write.site, "read_site": load.site, "read_error": load.error},
                 )]
     return []
 
@@ -174,6 +174,8 @@ def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
     mismatch = evidence.facts.collective_divergence
     if mismatch is None:
         return []
+    if set(mismatch.absent) & {f.rank for f in evidence.facts.failures if not f.secondary}:
+        return []  # the ranks that never called it had failed on their own: rank-failure says why
     n, at = mismatch.n, mismatch.calls
     for path, per_rank in by_path.items():
         if len(per_rank) != 1:

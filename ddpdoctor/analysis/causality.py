@@ -73,6 +73,13 @@ def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
                                                  or bool(finding.evidence.get("secondary_only")))
 
 
+def _crash_in_the_raced_read(finding: Finding, cause: Finding) -> bool:
+    """The reader of a file its writer had not finished died in that read (a torn checkpoint)."""
+    return (finding.check == "rank-failure" and cause.evidence.get("reader") is not None
+            and finding.evidence.get("rank") == cause.evidence.get("reader")
+            and (bool(cause.evidence.get("read_error")) or finding.location == cause.location))
+
+
 def _index_overlap(finding: Finding) -> bool:
     return (finding.check == "sampler-disjoint" and finding.severity in ("error", "warning")
             and finding.evidence.get("basis", "indices") == "indices")
@@ -113,6 +120,9 @@ RULES: tuple[Rule, ...] = (
     Rule("collectives diverged", _is("collective-hang", severities=("error",)),
          lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") == "control-flow")
          or _failure_in_the_mismatched_collective(f, c)),
+    # A rank read a checkpoint another rank was still writing, and died loading the torn file.
+    Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),
+         _crash_in_the_raced_read),
     # A rank crashed first: its peers' failed collectives follow from it.
     Rule("a rank crashed", _is("rank-failure", severities=("error",), secondary_only=(False, None)),
          _orphan_of_failed_ranks),
