@@ -8,6 +8,7 @@ from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import JoinEvent, LoaderPass
 
+from . import _frameworks as frameworks
 from ._common import fmt_ranks
 
 ID = "uneven-inputs"
@@ -148,8 +149,9 @@ def analyze(evidence: Evidence) -> CheckResult:
         shown, unit = backwards, "DDP training iterations"
         why += f" (its DataLoader yielded {_counts(counts)} batches)"
     message = f"ranks ran different numbers of {unit} in {where} ({_counts(shown)}) {outcome}{why}"
-    fix = ("Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
-           "training loop in `with torch.distributed.algorithms.join.Join([model]):`.")
+    fix = frameworks.fix(evidence, "uneven", (
+        "Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
+        "training loop in `with torch.distributed.algorithms.join.Join([model]):`."))
     if cause == "control-flow":
         fix = ("Leave the training loop on every rank together: decide a `break` or early stop on one rank and "
                "broadcast the decision (e.g. all_reduce a flag) so every rank takes it; or wrap the loop in "

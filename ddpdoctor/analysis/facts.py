@@ -97,6 +97,16 @@ class Facts:
         return out
 
     @functools.cached_property
+    def framework(self) -> Optional[tuple[str, Optional[str]]]:
+        """(framework, version) that built the job's DDP modules ("accelerate", "lightning" for the
+        Trainer, "fabric"), None for DDP built by hand."""
+        for _, wraps in sorted(self.ddp_wraps.items()):
+            for _, wrap in sorted(wraps.items()):
+                if wrap.framework:
+                    return wrap.framework, wrap.framework_version
+        return None
+
+    @functools.cached_property
     def ddp_usage(self) -> dict[int, dict[int, DDPUsage]]:
         """DDP module index -> rank -> the usage totals with the most iterations."""
         out: dict[int, dict[int, DDPUsage]] = {}

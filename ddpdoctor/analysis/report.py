@@ -76,6 +76,7 @@ class Report:
     environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/environment.py)
     collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
     device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
+    framework: Optional[dict] = None  # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -132,6 +133,7 @@ class Report:
             "environment": self.environment,
             "collective_benchmark": self.collective_benchmark,
             "device_simulation": self.device_simulation,
+            "framework": self.framework,
         }
 
     @classmethod
@@ -154,6 +156,7 @@ class Report:
             environment=list(data.get("environment") or []),
             collective_benchmark=data.get("collective_benchmark"),
             device_simulation=data.get("device_simulation"),
+            framework=data.get("framework"),
         )
 
 
@@ -187,6 +190,17 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
             "ranks": sorted(r for r, e in last.items() if e.active and r >= 0),
             "simulated": sorted(calls), "calls": dict(sorted(calls.items())), "unsupported": unsupported,
             "ignored": ignored}
+
+
+FRAMEWORK_TITLES = {"accelerate": "Accelerate", "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
+
+
+def framework_of(evidence: Evidence) -> Optional[dict]:
+    """The framework that set DDP up, as the report names it."""
+    found = evidence.facts.framework
+    if found is None:
+        return None
+    return {"name": found[0], "title": FRAMEWORK_TITLES.get(found[0], found[0]), "version": found[1]}
 
 
 def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
@@ -230,6 +244,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         environment=rank_environments(evidence),
         collective_benchmark=collective_benchmark(evidence),
         device_simulation=device_simulation(evidence),
+        framework=framework_of(evidence),
     )
 
 

@@ -196,6 +196,8 @@ class DDPWrap(Event):
     sync_batchnorm: bool = False
     device: str = "cpu"
     site: Site = field(default_factory=list)
+    framework: Optional[str] = None  # who built this DDP: "accelerate", "lightning" (Trainer), "fabric"
+    framework_version: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)

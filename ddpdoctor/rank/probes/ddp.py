@@ -10,13 +10,14 @@ its own backward passes.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpdoctor.rank import callsite
+from ddpdoctor.rank import callsite, frameworks
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.probes.patching import patch
@@ -119,6 +120,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
 
 def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
+    framework, framework_version = frameworks.framework_of(sys._getframe(1))
     named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
     named_buffers = list(ddp.module.named_buffers())
     state = DDPState(index=len(STATES), names=[n for n, _ in named], buffer_names=[n for n, _ in named_buffers],
@@ -173,7 +175,8 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         static_graph=bool(getattr(ddp, "static_graph", False)),
         broadcast_buffers=bool(getattr(ddp, "broadcast_buffers", True)),
         sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
-        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3)))
+        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3),
+        framework=framework, framework_version=framework_version))
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
