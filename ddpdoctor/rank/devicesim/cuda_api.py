@@ -22,12 +22,12 @@ import inspect
 import os
 import sys
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from ddpdoctor.rank.devicesim import properties
-from ddpdoctor.rank.devicesim.errors import CPU_BUILD_ERRORS, NOT_COMPILED, NotSimulatedError, not_simulated
+from ddpdoctor.rank.devicesim.errors import CPU_BUILD_ERRORS, NOT_COMPILED, NotSimulatedError, not_simulated, raiser
 from ddpdoctor.rank.devicesim.ledger import Ledger
 from ddpdoctor.rank.devicesim.mode import is_cuda
 from ddpdoctor.rank.devicesim.rng import SimulatedRng, generator_class
@@ -235,11 +235,32 @@ def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices) -> dict[str,
 
 
 def _unsupported(ledger: Ledger) -> dict[str, Any]:
-    """CUDA graphs, memory pools and external streams: classes that raise at construction what a
-    CPU-only torch raises there (RuntimeError: its bases are dummies, or it needs a CUDA stream)."""
+    """What has no CPU meaning, raising at first use what a CPU-only torch raises there. CUDA graphs,
+    memory pools and external streams: classes whose construction raises RuntimeError (a CPU build's
+    bases are dummies, or need a CUDA stream)."""
     names = ("torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.MemPool", "torch.cuda.ExternalStream",
              "torch.accelerator.Graph")
-    return {name: _raising_class(_resolve(name), name, ledger.not_simulated) for name in names if _resolve(name)}
+    classes = {name: _raising_class(_resolve(name), name, ledger.not_simulated) for name in names if _resolve(name)}
+    note = ledger.not_simulated
+    # Raw allocator and memory pool calls: a CPU-only torch fails in their first step (the current
+    # device, an AssertionError), which the simulation answers, so they fail here the same way.
+    functions = {name: raiser(name, note, kind=AssertionError, cause=NOT_COMPILED)
+                 for name in ("torch.cuda.caching_allocator_alloc", "torch.cuda.caching_allocator_delete")}
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool: Any, device: Any = None) -> Iterator[None]:
+        note("torch.cuda.use_mem_pool")
+        raise not_simulated("torch.cuda.use_mem_pool", AssertionError, NOT_COMPILED)
+        yield  # a context manager, as torch's: it fails on entry
+
+    functions["torch.cuda.use_mem_pool"] = use_mem_pool
+    # Jiterator kernels are made at import time by some libraries and fail when called, as they do
+    # in a CPU-only torch (an AssertionError).
+    for name in ("_create_jit_fn", "_create_multi_output_jit_fn"):
+        api = f"torch.cuda.jiterator.{name}"
+        functions[api] = lambda *a, api=api, **k: raiser(api, note, kind=AssertionError,
+                                                        cause="Jiterator is only supported on CUDA and ROCm GPUs")
+    return {**classes, **functions}
 
 
 def _raising_class(original: type, api: str, note: Callable[[str], None]) -> type:

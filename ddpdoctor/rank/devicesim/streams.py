@@ -50,6 +50,13 @@ def stream_classes(devices: Any) -> tuple[type, type]:
         def synchronize(self) -> None:
             pass
 
+        def is_capturing(self) -> bool:  # torch.Stream's; optimizers ask it before every step
+            return False
+
+        @property
+        def native_handle(self) -> int:
+            return 0
+
         def __enter__(self) -> "Stream":
             return self
 
