@@ -27,6 +27,7 @@ DEFAULT_HEARTBEAT_S = 0.5
 # CPU, "simulate" always, "native" never. "cpu" is the old name of "simulate", kept as an alias.
 DEVICE_MODES = ("auto", "simulate", "native")
 DEVICE_ALIASES = {"cpu": "simulate"}
+GPU_VISIBLE = "a GPU is visible"  # why "auto" left the simulation off on a GPU machine (nothing to report)
 
 
 def device_mode(value: str) -> str:

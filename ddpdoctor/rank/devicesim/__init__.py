@@ -19,7 +19,7 @@ from ddpdoctor.rank.devicesim.choice import Decision, cpu_choice
 from ddpdoctor.rank.devicesim.errors import MARKER, NotSimulatedError
 from ddpdoctor.rank.devicesim.ledger import Ledger
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.settings import DEVICE_ALIASES, DEVICE_MODES, device_mode
+from ddpdoctor.schema.settings import DEVICE_ALIASES, DEVICE_MODES, GPU_VISIBLE, device_mode
 
 __all__ = ["MODES", "ALIASES", "MARKER", "NotSimulatedError", "Ledger", "Decision", "decide", "should_simulate",
            "install"]
@@ -41,7 +41,7 @@ def decide(mode: str, env: Optional[Mapping[str, str]] = None) -> Decision:
     import torch
 
     if torch.cuda.is_available():
-        return Decision(mode, False, "a GPU is visible")
+        return Decision(mode, False, GPU_VISIBLE)
     return Decision(mode, True, "no GPU visible")
 
 

@@ -13,12 +13,12 @@ from typing import Mapping, Optional
 
 _TRUE = ("y", "yes", "t", "true", "on", "1")  # accelerate's str_to_bool
 
-# variable -> (its value that chooses the CPU, who chose)
+# variable -> (its values that choose the CPU, who sets it)
 _ACCELERATORS = {
-    "ACCELERATE_USE_CPU": (_TRUE, "Accelerate (accelerate launch --cpu) runs on the CPU"),
-    "PL_TRAINER_ACCELERATOR": (("cpu",), "Lightning's Trainer runs with accelerator=\"cpu\""),
-    "LT_ACCELERATOR": (("cpu",), "Lightning Fabric runs with accelerator=\"cpu\""),
-    "DS_ACCELERATOR": (("cpu",), "DeepSpeed runs on its CPU accelerator"),
+    "ACCELERATE_USE_CPU": (_TRUE, "accelerate launch --cpu"),
+    "PL_TRAINER_ACCELERATOR": (("cpu",), "Lightning Trainer(accelerator=\"cpu\")"),
+    "LT_ACCELERATOR": (("cpu",), "lightning run --accelerator cpu"),
+    "DS_ACCELERATOR": (("cpu",), "DeepSpeed's CPU accelerator"),
 }
 
 
@@ -33,13 +33,13 @@ class Decision:
 
 def cpu_choice(env: Mapping[str, str]) -> Optional[str]:
     """Why ``env`` chose the CPU (the setting and its meaning), or None."""
-    for name, (values, meaning) in _ACCELERATORS.items():
+    for name, (values, origin) in _ACCELERATORS.items():
         value = env.get(name)
         if value is not None and value.strip().lower() in values:
-            return f"{name}={value}: {meaning}"
+            return f"{name}={value} ({origin}) chose the CPU"
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and _no_device(visible):
-        return f"CUDA_VISIBLE_DEVICES={visible!r}: no GPU is to be used"
+        return f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
     return None
 
 
