@@ -260,6 +260,8 @@ def test_classes_stay_classes_for_isinstance_and_subclassing(sim):
     assert torch.equal(torch.randn(3, generator=torch.Generator("cuda").manual_seed(0)),
                        torch.randn(3, generator=torch.Generator().manual_seed(0)))
     assert torch.cuda.FloatTensor is torch.FloatTensor
+    assert torch.ones(2, dtype=torch.float64).type("torch.cuda.FloatTensor").dtype == torch.float32
+    assert torch.ones(2).type(torch.cuda.LongTensor).dtype == torch.int64
     assert "torch.Generator(cuda)->cpu" in last_event(sim)["calls"]
 
 
@@ -307,7 +309,7 @@ def test_backend_flags_and_legacy_calls_work_as_on_gpus(sim):
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.enable_flash_sdp(True)
-    with torch.cuda.amp.autocast(dtype=torch.bfloat16):
+    with pytest.warns(FutureWarning), torch.cuda.amp.autocast(dtype=torch.bfloat16):  # deprecated, still used
         assert nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.bfloat16
     torch.cuda.nvtx.range_push("x")
     torch.cuda.nvtx.range_pop()
@@ -375,6 +377,53 @@ def test_native_and_auto_with_a_gpu_do_not_simulate(tmp_path, monkeypatch):
     assert devicesim.should_simulate("auto") is False
     with pytest.raises(ValueError):
         devicesim.should_simulate("gpu")
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({}, "no GPU visible"),
+    ({"ACCELERATE_USE_CPU": "False"}, "no GPU visible"),  # what `accelerate launch` sets without --cpu
+    ({"ACCELERATE_USE_CPU": "True"}, "ACCELERATE_USE_CPU=True (accelerate launch --cpu) chose the CPU"),
+    ({"ACCELERATE_USE_CPU": "1"}, "ACCELERATE_USE_CPU=1 (accelerate launch --cpu) chose the CPU"),
+    ({"PL_TRAINER_ACCELERATOR": "cpu"}, 'PL_TRAINER_ACCELERATOR=cpu (Lightning Trainer(accelerator="cpu")) chose the CPU'),
+    ({"PL_TRAINER_ACCELERATOR": "gpu"}, "no GPU visible"),
+    ({"LT_ACCELERATOR": "CPU"}, "LT_ACCELERATOR=CPU (lightning run --accelerator cpu) chose the CPU"),
+    ({"DS_ACCELERATOR": "cpu"}, "DS_ACCELERATOR=cpu (DeepSpeed's CPU accelerator) chose the CPU"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES='-1' hides every GPU"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "no GPU visible"),
+])
+def test_auto_respects_an_explicit_cpu_choice_and_says_why(monkeypatch, env, reason):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    decision = devicesim.decide("auto", env)
+    assert decision.reason == reason
+    assert decision.active is (reason == "no GPU visible")
+    # an explicit mode wins over the environment
+    assert devicesim.decide("simulate", env).active and devicesim.decide("cpu", env).mode == "simulate"
+    assert not devicesim.decide("native", env).active
+
+
+def test_the_old_mode_name_is_an_alias_everywhere(tmp_path):
+    from ddpdoctor.supervisor import project_config
+    from ddpdoctor.supervisor.config import RunConfig
+
+    assert RunConfig(device="cpu").device == RunConfig(device="simulate").device == "simulate"
+    with pytest.raises(ValueError, match="simulate"):
+        RunConfig(device="gpu")
+    (tmp_path / "pyproject.toml").write_text('[tool.ddpdoctor]\ndevice = "cpu"\n')
+    assert project_config.load(str(tmp_path))[1]["device"] == "cpu"
+    assert RankSettings.from_env({"DDPDOCTOR_EVIDENCE_DIR": "x", "DDPDOCTOR_DEVICE": "cpu"}).device == "cpu"
+    assert devicesim.decide("cpu").mode == "simulate"
+
+
+def test_the_report_says_why_the_simulation_was_off():
+    from ddpdoctor.analysis.report import device_simulation_line
+
+    off = {"mode": "auto", "active": False, "simulated": [], "reason": "ACCELERATE_USE_CPU=true (accelerate "
+                                                                          "launch --cpu) chose the CPU"}
+    assert device_simulation_line(off) == ("device simulation off (auto): ACCELERATE_USE_CPU=true "
+                                           "(accelerate launch --cpu) chose the CPU")
+    assert device_simulation_line({**off, "reason": "a GPU is visible"}) is None  # nothing to tell on GPUs
+    assert device_simulation_line({**off, "mode": "native", "reason": "--device native"}) is None
 
 
 def _local_stats(half: torch.Tensor) -> torch.Tensor:

@@ -257,10 +257,15 @@ def _unsupported(ledger: Ledger) -> dict[str, Any]:
     # Jiterator kernels are made at import time by some libraries and fail when called, as they do
     # in a CPU-only torch (an AssertionError).
     for name in ("_create_jit_fn", "_create_multi_output_jit_fn"):
-        api = f"torch.cuda.jiterator.{name}"
-        functions[api] = lambda *a, api=api, **k: raiser(api, note, kind=AssertionError,
-                                                        cause="Jiterator is only supported on CUDA and ROCm GPUs")
+        functions[f"torch.cuda.jiterator.{name}"] = _jiterator_factory(f"torch.cuda.jiterator.{name}", note)
     return {**classes, **functions}
+
+
+def _jiterator_factory(api: str, note: Callable[[str], None]) -> Callable[..., Any]:
+    def create(code_string: str, *args: Any, **kwargs: Any) -> Callable[..., None]:
+        return raiser(api, note, kind=AssertionError, cause="Jiterator is only supported on CUDA and ROCm GPUs")
+
+    return create
 
 
 def _raising_class(original: type, api: str, note: Callable[[str], None]) -> type:
@@ -269,7 +274,7 @@ def _raising_class(original: type, api: str, note: Callable[[str], None]) -> typ
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         note(api)
-        raise not_simulated(api, RuntimeError, f"{api} needs the CUDA runtime")
+        raise not_simulated(api, RuntimeError)
 
     return type(original)(original.__name__, (original,), {
         "__new__": __new__, "__module__": original.__module__, "__qualname__": original.__qualname__,
