@@ -17,6 +17,7 @@ from ddpdoctor.analysis.environment import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.runner import Analysis
 from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.settings import GPU_VISIBLE
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
@@ -186,10 +187,11 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
         unsupported += [u for u in event.unsupported if u not in unsupported]
         ignored += [u for u in event.ignored if u not in ignored]
     events = list(last.values())
+    reasons = list(dict.fromkeys(e.reason for e in events if e.reason))
     return {"mode": events[0].mode, "active": any(e.active for e in events),
             "ranks": sorted(r for r, e in last.items() if e.active and r >= 0),
             "simulated": sorted(calls), "calls": dict(sorted(calls.items())), "unsupported": unsupported,
-            "ignored": ignored}
+            "ignored": ignored, "reason": "; ".join(reasons)}
 
 
 FRAMEWORK_TITLES = {"accelerate": "Accelerate", "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
@@ -204,8 +206,14 @@ def framework_of(evidence: Evidence) -> Optional[dict]:
 
 
 def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
-    """The report header's line on device simulation, None when nothing was simulated."""
-    if not simulation or not simulation.get("active"):
+    """The report header's line on device simulation: what was simulated, or why ``auto`` left it off
+    (an explicit CPU choice); None when there is nothing to say."""
+    if not simulation:
+        return None
+    if not simulation.get("active"):
+        reason = simulation.get("reason") or ""
+        if simulation.get("mode") == "auto" and reason and reason != GPU_VISIBLE:
+            return f"device simulation off (auto): {reason}"
         return None
     if not (simulation.get("simulated") or simulation.get("unsupported") or simulation.get("ignored")):
         return None  # a CPU script: nothing to stand in for

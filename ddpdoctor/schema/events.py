@@ -169,12 +169,14 @@ class DeviceSimulation(Event):
     simulated and at exit, so the last event of a process holds its totals. ``calls``: what was
     simulated -> how many times ("nccl->gloo", "torch.cuda.set_device"...); ``unsupported``: calls
     that cannot be simulated (they raised in the script, or were ignored: ``ignored``); ``devices``:
-    the CUDA device indices the script asked for.
+    the CUDA device indices the script asked for; ``reason``: why the simulation is on or off (a GPU
+    is visible, the launcher or framework chose the CPU, ``--device``).
     """
 
     kind: ClassVar[str] = "device_sim"
     mode: str = "auto"
     active: bool = False
+    reason: str = ""
     calls: dict = field(default_factory=dict)
     unsupported: list = field(default_factory=list)
     ignored: list = field(default_factory=list)
