@@ -16,9 +16,9 @@ from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.analysis.trace import Mismatch, RankTrace, first_mismatch, rank_trace
-from ddpdoctor.schema.events import (DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass, OptimizerInfo,
-                                     ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.analysis.trace import Mismatch, RankTrace, first_mismatch, trace_of
+from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, InternalCollectives,
+                                     LoaderPass, OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -237,7 +237,11 @@ class Facts:
     def world_traces(self) -> dict[int, RankTrace]:
         """Each rank's numbered world-group collectives, DDP's own included (point-to-point and
         subgroups left out)."""
-        return {rank: rank_trace(ev.events) for rank, ev in self.evidence.ranks.items()}
+        traces = {}
+        for rank, ev in self.evidence.ranks.items():
+            init = ev.first(InitProcessGroup)
+            traces[rank] = trace_of(ev.of(Collective), ev.of(InternalCollectives), init.numbering if init else "calls")
+        return traces
 
     @functools.cached_property
     def collective_mismatch(self) -> Optional[Mismatch]:

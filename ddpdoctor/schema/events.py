@@ -521,13 +521,22 @@ def _known_fields(data: dict, names: frozenset[str]) -> dict:
     return values
 
 
-def event_from_json(data: dict) -> Event:
-    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data."""
+def event_from_json(data: dict, *, owned: bool = False) -> Event:
+    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data.
+
+    ``owned``: ``data`` was parsed for this call alone and may be consumed (no copy: a thousand-rank
+    job's evidence is millions of lines)."""
     cls = EVENT_KINDS.get(data.get("kind", ""))
     if cls is None:
         return UnknownEvent(kind_name=str(data.get("kind")), data=data, t=float(data.get("t") or 0.0),
                             rank=data.get("rank"))
-    values = _known_fields(data, _field_names(cls))
+    names = _field_names(cls)
+    if owned:
+        values = data
+        for key in values.keys() - names:  # "kind", and fields of a newer writer
+            del values[key]
+    else:
+        values = _known_fields(data, names)
     for name, nested_cls in cls.nested.items():
         if isinstance(values.get(name), dict):
             values[name] = nested_cls(**_known_fields(values[name], _field_names(nested_cls)))
