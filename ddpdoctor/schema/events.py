@@ -303,6 +303,7 @@ class LoaderPass(Event):
     domain: Optional[str] = None
     head: list = field(default_factory=list)
     tail: list = field(default_factory=list)
+    skipped_batches: int = 0  # batches the batch sampler skips before it yields (a resumed epoch: Accelerate's SkipBatchSampler)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -87,6 +87,7 @@ class _Pass:
             "dataset_type": type(base).__name__,
             "subset": base is not loader.dataset,
             "domain": _domain_digest(loader),
+            "skipped_batches": _skipped_batches(loader),
         }
         self.keep = min(1024, max(HEAD_TAIL, 2 * (loader.batch_size or 1)))
         self.tail: collections.deque = collections.deque(maxlen=self.keep)
@@ -197,6 +198,13 @@ def _domain_digest(loader: DataLoader) -> Optional[str]:
         cached = hashlib.blake2b(positions.astype("<i8").tobytes(), digest_size=8).hexdigest()
         loader.__dict__["_ddpdoctor_domain"] = cached
     return cached
+
+
+def _skipped_batches(loader: DataLoader) -> int:
+    """Batches a resuming batch sampler skips without drawing them (Accelerate's SkipBatchSampler,
+    which `skip_first_batches` and the Hugging Face Trainer use to resume mid-epoch)."""
+    skip = getattr(loader.batch_sampler, "skip_batches", 0)
+    return skip if isinstance(skip, int) and not isinstance(skip, bool) and skip > 0 else 0
 
 
 def _safe_len(obj: Any) -> Optional[int]:
