@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 PAIRS = {
     # DDP's own collectives in the trace: a rank-only forward through the wrapper misaligns them.
     ("bad_eval_rank0_through_ddp.py", ()): ({"collective-hang": "error"}, {"rank-failure"}),
-    ("good_eval_rank0_module.py", ()): ({}, set()),
+    ("bad_eval_rank0_through_ddp.py", ("--bare-module",)): ({}, set()),
     # uneven-inputs only when DDP's iteration counts differ, whatever the loaders' bookkeeping.
     ("bad_break_on_one_rank.py", ()): ({"uneven-inputs": "error"}, {"collective-hang", "rank-failure"}),
     ("good_loader_patterns.py", ()): ({}, set()),
