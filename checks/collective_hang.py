@@ -168,6 +168,7 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                   "first_divergence": None if mismatch is None or mismatch.group else mismatch.n,
                   "sequence": None if mismatch is None else mismatch.n,
                   "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
+                  "culprit_phase": None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
                   "timeline": _timeline(evidence.facts.world_traces, center)},
     )
 
@@ -242,7 +243,8 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
         fix=("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
              "decision so all ranks take it."),
         evidence={"kind": "orphan", "sequence": mismatch.n, "called_by": sorted(present),
-                  "never_called_by": mismatch.absent, "site": present[culprit].site, "phase": present[culprit].phase},
+                  "never_called_by": mismatch.absent, "site": present[culprit].site,
+                  "culprit_phase": present[culprit].phase},
     )
 
 
@@ -274,7 +276,7 @@ def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Findi
     entry = present[culprit]
     at_n = ", ".join(f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items()))
     others = [r for r in sorted(mismatch.calls) if mismatch.counts.get(r, {}).get(entry.line_key(), 0) == 0]
-    evidence = {"kind": "mismatch", "sequence": mismatch.n, "culprit": culprit,
+    evidence = {"kind": "mismatch", "sequence": mismatch.n, "culprit": culprit, "culprit_phase": entry.phase,
                 "group": list(mismatch.group) if mismatch.group else None,
                 "calls": {str(r): {"op": e.op, "phase": e.phase, "tensors": e.tensors, "site": e.site}
                           for r, e in sorted(present.items())}}

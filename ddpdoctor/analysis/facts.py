@@ -10,15 +10,16 @@ import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from ddpdoctor.analysis import passes
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, rank_trace,
-                                      subgroup_traces)
-from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
-                                     OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, subgroup_traces,
+                                      trace_of)
+from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, InternalCollectives,
+                                     LoaderPass, OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -97,6 +98,16 @@ class Facts:
         return out
 
     @functools.cached_property
+    def framework(self) -> Optional[tuple[str, Optional[str]]]:
+        """(framework, version) that built the job's DDP modules ("accelerate", "lightning" for the
+        Trainer, "fabric"), None for DDP built by hand."""
+        for _, wraps in sorted(self.ddp_wraps.items()):
+            for _, wrap in sorted(wraps.items()):
+                if wrap.framework:
+                    return wrap.framework, wrap.framework_version
+        return None
+
+    @functools.cached_property
     def ddp_usage(self) -> dict[int, dict[int, DDPUsage]]:
         """DDP module index -> rank -> the usage totals with the most iterations."""
         out: dict[int, dict[int, DDPUsage]] = {}
@@ -104,6 +115,23 @@ class Facts:
             current = out.setdefault(event.ddp, {}).get(rank)
             if current is None or event.iterations >= current.iterations:
                 out[event.ddp][rank] = event
+        return out
+
+    @functools.cached_property
+    def ddp_backwards(self) -> dict[int, dict[int, int]]:
+        """DDP module index -> rank -> backward passes DDP synchronized on it (the one a rank was in
+        when the job stopped included); every rank that wrapped the module is listed. Empty for
+        evidence written before ranks counted them."""
+        out: dict[int, dict[int, int]] = {}
+        for rank, event in self.evidence.events(DDPUsage):
+            if event.backwards is None:
+                return {}
+            counts = out.setdefault(event.ddp, {})
+            counts[rank] = max(counts.get(rank, 0), event.backwards)
+        for index, wraps in self.ddp_wraps.items():
+            if index in out:
+                for rank in wraps:
+                    out[index].setdefault(rank, 0)
         return out
 
     @functools.cached_property
@@ -155,23 +183,55 @@ class Facts:
 
     # -- data -------------------------------------------------------------------------------------
     @functools.cached_property
-    def loader_passes(self) -> dict[tuple[str, int], dict[int, LoaderPass]]:
-        """(loader, pass number) -> rank -> the whole pass, its parts merged."""
-        parts: dict[tuple[str, int, int], list[LoaderPass]] = {}
+    def _merged_loader_passes(self) -> dict[tuple[int, str, int], LoaderPass]:
+        """(rank, loader, raw pass number) -> the whole pass, its parts merged."""
+        parts: dict[tuple[int, str, int], list[LoaderPass]] = {}
         for rank, event in self.evidence.events(LoaderPass):
-            parts.setdefault((event.loader, event.number, rank), []).append(event)
+            parts.setdefault((rank, event.loader, event.number), []).append(event)
+        return {key: merge_parts(pieces) for key, pieces in parts.items()}
+
+    @functools.cached_property
+    def pass_numbers(self) -> dict[tuple[int, str, int], int]:
+        """(rank, loader, raw pass number) -> the pass's number as paired across ranks
+        (:mod:`ddpdoctor.analysis.passes`), for index passes and content passes alike."""
+        from ddpdoctor.schema.events import ContentPass
+
+        kinds: dict[tuple[int, str, int], tuple[str, Optional[int]]] = {}
+        for rank, event in self.evidence.events(ContentPass):
+            if event.source == "loader":
+                kinds[(rank, event.key, event.number)] = (
+                    passes.role(fed=bool(event.steps or event.ddp_forwards), complete=event.complete), event.epoch)
+        for (rank, loader, number), event in self._merged_loader_passes.items():  # the index probe's counters win
+            kinds[(rank, loader, number)] = (
+                passes.role(fed=bool(event.steps or event.ddp_forwards), complete=event.complete), event.sampler.epoch)
+        return passes.pair((rank, key, number, kind, epoch) for (rank, key, number), (kind, epoch) in kinds.items())
+
+    @functools.cached_property
+    def loader_passes(self) -> dict[tuple[str, int], dict[int, LoaderPass]]:
+        """(loader, pass number as paired across ranks) -> rank -> the whole pass, its parts merged."""
+        numbers = self.pass_numbers
         out: dict[tuple[str, int], dict[int, LoaderPass]] = {}
-        for (loader, number, rank), pieces in parts.items():
-            out.setdefault((loader, number), {})[rank] = merge_parts(pieces)
+        for (rank, loader, number), event in self._merged_loader_passes.items():
+            out.setdefault((loader, numbers[(rank, loader, number)]), {})[rank] = event
         return out
 
     @functools.cached_property
     def content_streams(self) -> "dict[tuple, dict[int, content.Stream]]":
-        """(source, key, feeds, number) -> rank -> that rank's sample fingerprints of the pass."""
+        """(source, key, feeds, number) -> rank -> that rank's sample fingerprints of the pass; loader
+        passes (and the loader pass a forward window's batches came from) numbered as paired across ranks."""
         from ddpdoctor.analysis import content
         from ddpdoctor.schema.events import ContentPass
 
-        return content.merge_streams(self.evidence.events(ContentPass))
+        numbers = self.pass_numbers
+        out: dict[tuple, dict] = {}
+        for (source, key, feeds, number), per_rank in content.merge_streams(self.evidence.events(ContentPass)).items():
+            for rank, stream in per_rank.items():
+                if source == "loader":
+                    number_here, feeds_here = numbers.get((rank, key, number), number), feeds
+                else:
+                    number_here, feeds_here = number, _paired_feed(numbers, rank, feeds)
+                out.setdefault((source, key, feeds_here, number_here), {})[rank] = stream
+        return out
 
     # -- collectives ------------------------------------------------------------------------------
     @functools.cached_property
@@ -179,7 +239,13 @@ class Facts:
         """Each rank's numbered world-group collectives, DDP's own included (point-to-point and
         subgroups left out)."""
         missing = set(self.evidence.observations.missing_ranks)  # no trace at all (a rank that left no dump)
-        return {rank: rank_trace(ev.events) for rank, ev in self.evidence.ranks.items() if rank not in missing}
+        traces = {}
+        for rank, ev in self.evidence.ranks.items():
+            if rank in missing:
+                continue
+            init = ev.first(InitProcessGroup)
+            traces[rank] = trace_of(ev.of(Collective), ev.of(InternalCollectives), init.numbering if init else "calls")
+        return traces
 
     @functools.cached_property
     def subgroup_mismatch(self) -> Optional[Mismatch]:
@@ -264,3 +330,14 @@ def merge_parts(parts: list[LoaderPass]) -> LoaderPass:
 def _is_secondary(message: str) -> bool:
     lowered = message.lower()
     return any(marker.lower() in lowered for marker in SECONDARY_MARKERS)
+
+
+def _paired_feed(numbers: dict[tuple[int, str, int], int], rank: int, feeds: Optional[str]) -> Optional[str]:
+    """A forward window's "loader#raw number" with the loader pass's number as paired across ranks."""
+    if not feeds or "#" not in feeds:
+        return feeds
+    key, _, raw = feeds.rpartition("#")
+    try:
+        return f"{key}#{numbers.get((rank, key, int(raw)), int(raw))}"
+    except ValueError:
+        return feeds

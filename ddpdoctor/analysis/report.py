@@ -17,6 +17,7 @@ from ddpdoctor.analysis.environment import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.runner import Analysis
 from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.settings import GPU_VISIBLE
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
@@ -76,6 +77,7 @@ class Report:
     environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/environment.py)
     collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
     device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
+    framework: Optional[dict] = None  # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
     post_mortem: Optional[dict] = None  # `ddpdoctor analyze`: {"dumps", "error_files", "logs", "formats", "notes", ...}
 
     def at_or_above(self, level: str) -> list[Finding]:
@@ -133,6 +135,7 @@ class Report:
             "environment": self.environment,
             "collective_benchmark": self.collective_benchmark,
             "device_simulation": self.device_simulation,
+            "framework": self.framework,
             "post_mortem": self.post_mortem,
         }
 
@@ -156,6 +159,7 @@ class Report:
             environment=list(data.get("environment") or []),
             collective_benchmark=data.get("collective_benchmark"),
             device_simulation=data.get("device_simulation"),
+            framework=data.get("framework"),
             post_mortem=data.get("post_mortem"),
         )
 
@@ -186,15 +190,33 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
         unsupported += [u for u in event.unsupported if u not in unsupported]
         ignored += [u for u in event.ignored if u not in ignored]
     events = list(last.values())
+    reasons = list(dict.fromkeys(e.reason for e in events if e.reason))
     return {"mode": events[0].mode, "active": any(e.active for e in events),
             "ranks": sorted(r for r, e in last.items() if e.active and r >= 0),
             "simulated": sorted(calls), "calls": dict(sorted(calls.items())), "unsupported": unsupported,
-            "ignored": ignored}
+            "ignored": ignored, "reason": "; ".join(reasons)}
+
+
+FRAMEWORK_TITLES = {"accelerate": "Accelerate", "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
+
+
+def framework_of(evidence: Evidence) -> Optional[dict]:
+    """The framework that set DDP up, as the report names it."""
+    found = evidence.facts.framework
+    if found is None:
+        return None
+    return {"name": found[0], "title": FRAMEWORK_TITLES.get(found[0], found[0]), "version": found[1]}
 
 
 def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
-    """The report header's line on device simulation, None when nothing was simulated."""
-    if not simulation or not simulation.get("active"):
+    """The report header's line on device simulation: what was simulated, or why ``auto`` left it off
+    (an explicit CPU choice); None when there is nothing to say."""
+    if not simulation:
+        return None
+    if not simulation.get("active"):
+        reason = simulation.get("reason") or ""
+        if simulation.get("mode") == "auto" and reason and reason != GPU_VISIBLE:
+            return f"device simulation off (auto): {reason}"
         return None
     if not (simulation.get("simulated") or simulation.get("unsupported") or simulation.get("ignored")):
         return None  # a CPU script: nothing to stand in for
@@ -233,6 +255,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         environment=rank_environments(evidence),
         collective_benchmark=collective_benchmark(evidence),
         device_simulation=device_simulation(evidence),
+        framework=framework_of(evidence),
     )
 
 

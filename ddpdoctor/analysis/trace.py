@@ -14,6 +14,7 @@ flight-recorder dumps.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
@@ -21,7 +22,7 @@ from typing import Iterable, Optional, Union
 from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives
 
 __all__ = ["POINT_TO_POINT", "SHAPE_FREE", "ROOT_LISTS", "TraceEntry", "Mismatch", "call_signature",
-           "rank_trace", "first_mismatch", "PHASE_WHAT", "subgroup_traces", "first_subgroup_mismatch"]
+           "rank_trace", "trace_of", "first_mismatch", "PHASE_WHAT", "subgroup_traces", "first_subgroup_mismatch"]
 
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 # Collectives whose tensor arguments may legitimately differ by rank: only the op is compared.
@@ -47,7 +48,7 @@ def call_signature(event: Collective) -> tuple:
     return ("call", event.op, repr(tensors))  # shapes and dtypes as JSON gave them: one C call per event
 
 
-@dataclass(slots=True)  # not frozen: a thousand ranks make millions of these, and frozen __init__ is slow
+@dataclass(frozen=True, slots=True)
 class TraceEntry:
     """One numbered collective of one rank: a traced call, or one of a library's collectives."""
 
@@ -133,28 +134,52 @@ class RankTrace:
     numbered_to: int = 0  # collectives the rank issued (a call's later units included)
     numbering: str = "calls"
 
+    @functools.cached_property
+    def keys(self) -> tuple:
+        """(n, key) of every entry: equal for two ranks that issued the same collectives."""
+        return tuple((e.n, _key(e)) for e in self.entries)
+
 
 def rank_trace(events: Iterable[Event]) -> RankTrace:
     """The world-group collectives of one rank's events."""
-    trace = RankTrace()
+    collectives: list[Collective] = []
+    internals: list[InternalCollectives] = []
+    numbering = "calls"
     for event in events:
-        if isinstance(event, InitProcessGroup):
-            trace.numbering = event.numbering
-        elif isinstance(event, Collective):
-            if event.group is not None or event.op in POINT_TO_POINT or event.units == 0:
-                continue
-            entry = TraceEntry(n=event.n, event=event, op=event.op)
-            trace.entries.append(entry)
-            trace.by_n[event.n] = entry
-            trace.numbered_to = max(trace.numbered_to, event.n + max(event.units, 1) - 1)
-        elif isinstance(event, InternalCollectives) and event.group is None:
-            for i in range(event.count):
-                op = event.ops[i][0] if i < len(event.ops) and event.ops[i] else ""
-                entry = TraceEntry(n=event.first + i, event=event, op=op)
-                trace.entries.append(entry)
-                trace.by_n[entry.n] = entry
-            trace.numbered_to = max(trace.numbered_to, event.first + event.count - 1)
-    trace.entries.sort(key=lambda e: e.n)
+        if isinstance(event, Collective):
+            collectives.append(event)
+        elif isinstance(event, InternalCollectives):
+            internals.append(event)
+        elif isinstance(event, InitProcessGroup):
+            numbering = event.numbering
+    return trace_of(collectives, internals, numbering)
+
+
+def trace_of(collectives: Iterable[Collective], internals: Iterable[InternalCollectives],
+             numbering: str = "calls") -> RankTrace:
+    """A rank's trace from its traced calls and its libraries' collectives."""
+    trace = RankTrace(numbering=numbering)
+    entries, by_n = trace.entries, trace.by_n
+    numbered_to = 0
+    for event in collectives:
+        if event.group is not None or event.op in POINT_TO_POINT or event.units == 0:
+            continue
+        entry = TraceEntry(event.n, event, event.op)
+        entries.append(entry)
+        by_n[event.n] = entry
+        numbered_to = max(numbered_to, event.n + max(event.units, 1) - 1)
+    for event in internals:
+        if event.group is not None:
+            continue
+        ops = event.ops
+        for i in range(event.count):
+            n = event.first + i
+            entry = TraceEntry(n, event, ops[i][0] if i < len(ops) and ops[i] else "")
+            entries.append(entry)
+            by_n[n] = entry
+        numbered_to = max(numbered_to, event.first + event.count - 1)
+    trace.numbered_to = numbered_to
+    entries.sort(key=lambda e: e.n)
     return trace
 
 
@@ -204,16 +229,14 @@ def first_mismatch(traces: dict[int, RankTrace], *, include_missing: bool) -> Op
     some ranks reached and others never did counts too. None when every rank issued the same."""
     if len(traces) < 2:
         return None
-    signatures: dict[tuple, tuple] = {}  # (op, id of the shared tensor list) -> call signature
-    keys = {r: _keys(t, signatures) for r, t in traces.items()}
-    reference_keys = next(iter(keys.values()))
-    if all(k == reference_keys for k in keys.values()):
-        return None  # every rank issued the same, the common case: compared as whole lists
+    reference = next(iter(traces.values())).keys
+    if all(t.keys == reference for t in traces.values()):
+        return None  # every rank issued the same, the common case: compared as whole sequences
     # Ranks that issued exactly the same are compared once, through the first of them: on a thousand
     # ranks, a handful of distinct sequences.
     classes: dict[tuple, list[int]] = {}
-    for rank, rank_keys in keys.items():
-        classes.setdefault((tuple(rank_keys), traces[rank].numbered_to), []).append(rank)
+    for rank, trace in traces.items():
+        classes.setdefault((trace.keys, trace.numbered_to), []).append(rank)
     mismatch = _first_mismatch_of({members[0]: traces[members[0]] for members in classes.values()},
                                   include_missing=include_missing)
     if mismatch is None:
@@ -223,22 +246,6 @@ def first_mismatch(traces: dict[int, RankTrace], *, include_missing: bool) -> Op
         shared = mismatch.counts[members[0]]
         counts.update((r, shared) for r in members)
     return Mismatch(n=mismatch.n, calls={r: t.by_n.get(mismatch.n) for r, t in traces.items()}, counts=counts)
-
-
-def _keys(trace: RankTrace, signatures: dict[tuple, tuple]) -> list[tuple]:
-    """[(n, :func:`_key`)] of a trace, computed straight from the events (a thousand ranks' worth)."""
-    out = []
-    for entry in trace.entries:
-        event = entry.event
-        if isinstance(event, InternalCollectives):
-            out.append((entry.n, (event.phase, event.grad, entry.op)))
-            continue
-        cached = (event.op, id(event.tensors))
-        signature = signatures.get(cached)
-        if signature is None:
-            signature = signatures[cached] = call_signature(event)
-        out.append((entry.n, signature))
-    return out
 
 
 def _first_mismatch_of(traces: dict[int, RankTrace], *, include_missing: bool) -> Optional[Mismatch]:
@@ -279,7 +286,7 @@ def subgroup_traces(events_by_rank: dict[int, Iterable[Event]]) -> dict[tuple, d
                     or event.op in POINT_TO_POINT or event.units == 0:
                 continue
             trace = out.setdefault(tuple(event.group), {}).setdefault(rank, RankTrace(numbering="group"))
-            entry = TraceEntry(n=event.n, event=event, op=event.op)
+            entry = TraceEntry(event.n, event, event.op)
             trace.entries.append(entry)
             trace.by_n[event.n] = entry
             trace.numbered_to = max(trace.numbered_to, event.n + max(event.units, 1) - 1)

@@ -169,12 +169,14 @@ class DeviceSimulation(Event):
     simulated and at exit, so the last event of a process holds its totals. ``calls``: what was
     simulated -> how many times ("nccl->gloo", "torch.cuda.set_device"...); ``unsupported``: calls
     that cannot be simulated (they raised in the script, or were ignored: ``ignored``); ``devices``:
-    the CUDA device indices the script asked for.
+    the CUDA device indices the script asked for; ``reason``: why the simulation is on or off (a GPU
+    is visible, the launcher or framework chose the CPU, ``--device``).
     """
 
     kind: ClassVar[str] = "device_sim"
     mode: str = "auto"
     active: bool = False
+    reason: str = ""
     calls: dict = field(default_factory=dict)
     unsupported: list = field(default_factory=list)
     ignored: list = field(default_factory=list)
@@ -196,6 +198,8 @@ class DDPWrap(Event):
     sync_batchnorm: bool = False
     device: str = "cpu"
     site: Site = field(default_factory=list)
+    framework: Optional[str] = None  # who built this DDP: "accelerate", "lightning" (Trainer), "fabric"
+    framework_version: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -253,6 +257,7 @@ class DDPUsage(Event):
     kind: ClassVar[str] = "ddp_usage"
     ddp: int = 0
     iterations: int = 0
+    backwards: Optional[int] = None  # backward passes DDP synchronized, the one still running included
     unused: dict = field(default_factory=dict)  # str(param index) -> iterations without gradient
     last_unused: list = field(default_factory=list)
     final: bool = False
@@ -298,6 +303,7 @@ class LoaderPass(Event):
     domain: Optional[str] = None
     head: list = field(default_factory=list)
     tail: list = field(default_factory=list)
+    skipped_batches: int = 0  # batches the batch sampler skips before it yields (a resumed epoch: Accelerate's SkipBatchSampler)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -311,7 +317,10 @@ class ContentPass(Event):
     are this part's kept row hashes (63-bit, sorted, encoded as sample indices are): a row is kept
     while ``hash >> (63 - level)`` is 0, and ``level`` (cumulative) rises when a pass keeps too many,
     so the same rows are kept on every rank. ``order`` digests every row hash in order (cumulative);
-    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative.
+    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative. Forward windows
+    also carry a digest of each forward's whole batch (``digests``, from forward ``first_forward``
+    on), so identical batches fed at the same training step on several ranks show however few rows
+    a batch has.
     """
 
     kind: ClassVar[str] = "content_pass"
@@ -337,6 +346,11 @@ class ContentPass(Event):
     steps: int = 0
     ddp_forwards: int = 0
     site: Site = field(default_factory=list)
+    set_epoch_method: Optional[bool] = None  # "loader": the dataset defines set_epoch (it means to vary by epoch)
+    dataset_epoch: Optional[int] = None  # "loader": the dataset's own epoch attribute when the pass started
+    declares_shuffle: Optional[bool] = None  # "loader": the dataset says it shuffles (a `shuffle` flag, HF's shuffling)
+    first_forward: Optional[int] = None  # "forward" windows: the module's training forward (1-based) of digests[0]
+    digests: list = field(default_factory=list)  # "forward" windows, this part: one digest per forward's whole batch
 
 
 # -- collectives --------------------------------------------------------------------------------
@@ -508,13 +522,22 @@ def _known_fields(data: dict, names: frozenset[str]) -> dict:
     return values
 
 
-def event_from_json(data: dict) -> Event:
-    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data."""
+def event_from_json(data: dict, *, owned: bool = False) -> Event:
+    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data.
+
+    ``owned``: ``data`` was parsed for this call alone and may be consumed (no copy: a thousand-rank
+    job's evidence is millions of lines)."""
     cls = EVENT_KINDS.get(data.get("kind", ""))
     if cls is None:
         return UnknownEvent(kind_name=str(data.get("kind")), data=data, t=float(data.get("t") or 0.0),
                             rank=data.get("rank"))
-    values = _known_fields(data, _field_names(cls))
+    names = _field_names(cls)
+    if owned:
+        values = data
+        for key in values.keys() - names:  # "kind", and fields of a newer writer
+            del values[key]
+    else:
+        values = _known_fields(data, names)
     for name, nested_cls in cls.nested.items():
         if isinstance(values.get(name), dict):
             values[name] = nested_cls(**_known_fields(values[name], _field_names(nested_cls)))

@@ -8,6 +8,7 @@ and a field the schema does not have is a TypeError here too. Nothing here impor
 from __future__ import annotations
 
 import copy
+import struct
 from typing import Iterable, Optional, Union
 
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
@@ -150,8 +151,9 @@ def usage(iterations: int, unused: Optional[dict[int, int]] = None, *, ddp: int 
 
 
 def fp(*values: float) -> list:
-    """Fingerprints [[sum, norm], ...], one per value (sum = value, norm = abs(value) + 1)."""
-    return [[float(v), abs(float(v)) + 1.0] for v in values]
+    """Word-sum fingerprints [[sum], ...], one per value: equal values give equal fingerprints, any
+    other value another one (the float64 bit pattern of the value, as a signed 64-bit integer)."""
+    return [[struct.unpack("<q", struct.pack("<d", float(v)))[0]] for v in values]
 
 
 def buffers(forward: int, fingerprints: list, *, ddp: int = 0) -> ev.BufferFingerprint:

@@ -92,6 +92,10 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
                        f"{data['world_size']} ranks ({data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}, "
                        f"{data['backend']}, {data['device']}), outcome {data['outcome']}, "
                        f"{data['duration_s']:.1f}s", style="bold"))
+    if data.get("framework"):
+        framework = data["framework"]
+        console.print(Text(f"framework: {framework['title']} {framework.get('version') or ''}".rstrip()
+                           + " (DDP set up by it; fixes use its words)"))
     simulation = device_simulation_line(report.device_simulation)
     if simulation:
         console.print(Text(simulation))

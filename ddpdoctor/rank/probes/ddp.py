@@ -10,13 +10,14 @@ its own backward passes.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpdoctor.rank import callsite
+from ddpdoctor.rank import callsite, frameworks
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.probes.patching import patch
@@ -69,7 +70,9 @@ class DDPState:
             self.last_emitted_unused = unused
 
     def emit_usage(self, rec: Recorder, *, last_unused: list[int] = (), final: bool = False) -> None:
-        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, last_unused=list(last_unused), final=final,
+        backwards = self.iterations + (1 if self.iteration_open and self.fired else 0)
+        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, backwards=backwards,
+                          last_unused=list(last_unused), final=final,
                           unused={str(i): c for i, c in sorted(self.unused_counts.items())}))
         self.usage_dirty = False
 
@@ -108,7 +111,8 @@ def install(rec: Recorder) -> Callable[[], None]:
         for state in STATES:
             if final:
                 state.close_iteration(rec)
-            if state.iterations and (state.usage_dirty or final):
+            running = state.iteration_open and bool(state.fired)  # a backward under way (a hang in it)
+            if (state.iterations or running) and (state.usage_dirty or final or running):
                 state.emit_usage(rec, final=final)
 
     rec.on_dump.append(lambda: flush(final=False))
@@ -116,6 +120,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
 
 def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
+    framework, framework_version = frameworks.framework_of(sys._getframe(1))
     named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
     named_buffers = list(ddp.module.named_buffers())
     state = DDPState(index=len(STATES), names=[n for n, _ in named], buffer_names=[n for n, _ in named_buffers],
@@ -170,7 +175,8 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         static_graph=bool(getattr(ddp, "static_graph", False)),
         broadcast_buffers=bool(getattr(ddp, "broadcast_buffers", True)),
         sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
-        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3)))
+        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3),
+        framework=framework, framework_version=framework_version))
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
