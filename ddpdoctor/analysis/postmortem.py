@@ -27,10 +27,10 @@ from typing import Callable, Iterable, Iterator, Optional
 from ddpdoctor.analysis import elastic
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
-from ddpdoctor.analysis.fr_convert import (ConvertedRank, Interner, Packer, Unpacker, as_stack, convert_dump,
-                                          is_library_file)
+from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
+from ddpdoctor.analysis.fr_pack import Packer, Unpacker
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
-from ddpdoctor.schema.observations import Failure, Heartbeat, Observations, RankState, StopSnapshot
+from ddpdoctor.schema.observations import Heartbeat, Observations, RankState, StopSnapshot
 
 __all__ = ["Inputs", "PostMortem", "discover", "load", "PROBE"]
 

@@ -136,8 +136,22 @@ class RankTrace:
 
     @functools.cached_property
     def keys(self) -> tuple:
-        """(n, key) of every entry: equal for two ranks that issued the same collectives."""
-        return tuple((e.n, _key(e)) for e in self.entries)
+        """(n, key) of every entry: equal for two ranks that issued the same collectives. Computed
+        from the events directly (what :func:`_key` says), a call's signature once per distinct
+        op and tensor list: a thousand ranks hold millions of entries."""
+        signatures: dict[tuple, tuple] = {}
+        out = []
+        for entry in self.entries:
+            event = entry.event
+            if isinstance(event, InternalCollectives):
+                out.append((entry.n, (event.phase, event.grad, entry.op)))
+                continue
+            cached = (event.op, id(event.tensors))  # the events hold their tensor lists alive meanwhile
+            signature = signatures.get(cached)
+            if signature is None:
+                signature = signatures[cached] = call_signature(event)
+            out.append((entry.n, signature))
+        return tuple(out)
 
 
 def rank_trace(events: Iterable[Event]) -> RankTrace:
