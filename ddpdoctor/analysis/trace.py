@@ -48,7 +48,7 @@ def call_signature(event: Collective) -> tuple:
     return ("call", event.op, repr(tensors))  # shapes and dtypes as JSON gave them: one C call per event
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a thousand ranks make millions, and a frozen __init__ costs 3x
 class TraceEntry:
     """One numbered collective of one rank: a traced call, or one of a library's collectives."""
 
