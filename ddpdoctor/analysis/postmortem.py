@@ -262,12 +262,18 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
                                 output_tails={r: log.lines for r, log in logs.items()})
     evidence.observations = observations
     evidence.script = script
+    if missing:  # what those ranks did is unknown: the checks say they are incomplete, never a silent pass
+        evidence.unranked.append(ProbeError(probe=PROBE, error=(
+            f"no dump from rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}: what "
+            f"{'they' if len(missing) > 1 else 'it'} did is unknown (killed before dumping, or the dump was not "
+            "collected)")))
     cause = evidence.facts.first_failure
     stop = None if cause is not None else _snapshot(converted, dumps_meta, missing, classify)
     if stop is not None:
         observations.stop = stop
         observations.outcome = "hung"
-        evidence = Evidence(ranks=evidence.ranks, observations=observations, script=script)  # facts anew
+        evidence = Evidence(ranks=evidence.ranks, unranked=evidence.unranked, observations=observations,
+                            script=script)  # facts anew
     notes.extend(_notes(converted, dumps_meta, missing, evidence))
     return PostMortem(evidence=evidence, inputs=inputs, notes=notes, torchrun_root_cause=table.root_cause,
                       formats=sorted({meta[2] for meta in dumps_meta.values()}))

@@ -300,3 +300,11 @@ def test_nccl_dumps_name_group_members_and_keep_point_to_point_apart(tmp_path):
     assert finding.evidence["group"] == [2, 3] and finding.location.line == 40
     assert "rank 2 called all_reduce of float32[8]" in finding.message
     assert "rank 3 called all_reduce of float32[9]" in finding.message
+
+
+def test_a_rank_without_dump_leaves_the_checks_incomplete_never_a_silent_pass():
+    result = analyze([str(DATA / "killed" / "fr_trace_rank_0")], world_size=2)
+    (problem,) = result.report.probe_errors
+    assert problem["probe"] == "flight-recorder-missing" and "no dump from rank 1" in problem["error"]
+    assert {c.id: c.incomplete for c in result.report.checks} == {
+        "collective-hang": ["flight-recorder-missing"], "rank-failure": ["flight-recorder-missing"]}
