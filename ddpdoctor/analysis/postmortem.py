@@ -263,7 +263,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     evidence.observations = observations
     evidence.script = script
     if missing:  # what those ranks did is unknown: the checks say they are incomplete, never a silent pass
-        evidence.unranked.append(ProbeError(probe=PROBE, error=(
+        evidence.unranked.append(ProbeError(probe=f"{PROBE}-missing", error=(
             f"no dump from rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}: what "
             f"{'they' if len(missing) > 1 else 'it'} did is unknown (killed before dumping, or the dump was not "
             "collected)")))
