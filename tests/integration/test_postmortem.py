@@ -18,7 +18,7 @@ import pytest
 from conftest import FIXTURES
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fr_harness"))
-from launch import run_with_recorder  # noqa: E402
+from fr_launch import run_with_recorder  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

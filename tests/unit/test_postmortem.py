@@ -1,5 +1,5 @@
 """The flight recorder reader and converter on real dumps captured from the fixtures
-(tests/data/flight_recorder, made by tests/integration/fr_harness/capture.py), and torchrun's files."""
+(tests/data/flight_recorder, made by tests/integration/fr_harness/fr_capture.py), and torchrun's files."""
 
 from __future__ import annotations
 

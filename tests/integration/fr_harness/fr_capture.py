@@ -1,5 +1,5 @@
 """Capture the flight recorder dumps committed under tests/data/flight_recorder (run by hand:
-``python tests/integration/fr_harness/capture.py``); the unit tests read them back."""
+``python tests/integration/fr_harness/fr_capture.py``); the unit tests read them back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from launch import run_with_recorder  # noqa: E402
+from fr_launch import run_with_recorder  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "flight_recorder"
 CASES = {  # folder: (fixture, options)
