@@ -66,6 +66,7 @@ def write_dumps(folder: Path, *, ranks: int, entries: int, first_step: int = 40_
              for k in ("backward", "metric")}
     pattern = _pattern()
     stuck = int(ranks * STUCK_RANK_FRACTION)
+    start_ns = time.time_ns() - 600 * 10**9  # the job hung ten minutes before its ranks dumped
     last_n = first_step * len(pattern) + entries  # every healthy rank's last (pending) collective
     for rank in range(ranks):
         end = last_n if rank != stuck else last_n - 1  # the stuck rank never issued the last one
@@ -76,8 +77,8 @@ def write_dumps(folder: Path, *, ranks: int, entries: int, first_step: int = 40_
             out.append({
                 "record_id": n + 1000, "pg_id": 0, "process_group": (s("0"), s("default_pg")),
                 "thread_name": s("python3"), "thread_id": s("140000000000000"), "collective_seq_id": n,
-                "p2p_seq_id": 0, "op_id": n, "profiling_name": s(name), "time_created_ns": 1_790_000_000_000_000_000
-                + n * 50_000_000, "input_sizes": sizes, "input_dtypes": [s("Float")], "output_sizes": sizes,
+                "p2p_seq_id": 0, "op_id": n, "profiling_name": s(name), "time_created_ns": start_ns
+                + (n - end) * 50_000_000, "input_sizes": sizes, "input_dtypes": [s("Float")], "output_sizes": sizes,
                 "output_dtypes": [s("Float")], "state": s("scheduled"), "time_discovered_started_ns": None,
                 "time_discovered_completed_ns": None, "retired": n != last_n, "timeout_ms": 600_000,
                 "is_p2p": False, "frames": [dict(f) for f in kinds[kind]]})

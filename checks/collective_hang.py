@@ -103,9 +103,15 @@ def _divergence_detail(mismatch: Optional[Mismatch]) -> tuple[str, Optional[Loca
         return "", None
     present = mismatch.present
     location = Location.from_site(present[mismatch.culprit()].site)
-    parts = [f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items())]
+    said: dict[str, list[int]] = {}
+    for r, e in sorted(present.items()):
+        said.setdefault(f"{_verb(e)} {_describe(e)}", []).append(r)
+    if any(len(ranks) > 4 for ranks in said.values()):  # many ranks: each call said once, for all that made it
+        parts = [f"{_some_ranks(ranks)} {what}" for what, ranks in said.items()]
+    else:
+        parts = [f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items())]
     if mismatch.absent:
-        parts.append(f"{fmt_ranks(mismatch.absent)} never called collective #{mismatch.n}")
+        parts.append(f"{_some_ranks(mismatch.absent)} never called collective #{mismatch.n}")
     return f"; first divergence at collective #{mismatch.n}{_on_group(mismatch)}: " + ", ".join(parts), location
 
 
@@ -208,7 +214,7 @@ def _no_dump(evidence: Evidence, states: dict[str, dict], waiting: list[int]) ->
         return ""
     traces = evidence.facts.world_traces
     ends = {traces[r].numbered_to for r in waiting if r in traces}
-    who = fmt_ranks(missing)
+    who = _some_ranks(missing)
     if len(ends) == 1 and waiting and len(waiting) == len(states) - len(missing):
         return (f"; {who} left no dump: every other rank waits in collective #{ends.pop()}, which cannot complete "
                 f"without {'it' if len(missing) == 1 else 'them'}")
@@ -324,7 +330,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     if stop is not None and stop.reason in ("hang", "no-progress"):
         finding = _hang_finding(evidence, stop)
         verb = "job hung" if stop.reason == "hang" else "no progress"
-        return CheckResult(findings=[finding], summary=f"{verb} ({fmt_ranks(finding.ranks)})")
+        return CheckResult(findings=[finding], summary=f"{verb} ({_some_ranks(list(finding.ranks))})")
     if evidence.world_size < 2 or not evidence.facts.has_process_group:
         return CheckResult(summary="no process group", applicable=False)
     traces = evidence.facts.world_traces

@@ -264,7 +264,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     evidence.script = script
     if missing:  # what those ranks did is unknown: the checks say they are incomplete, never a silent pass
         evidence.unranked.append(ProbeError(probe=f"{PROBE}-missing", error=(
-            f"no dump from rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}: what "
+            f"no dump from {_ranks_text(missing)}: what "
             f"{'they' if len(missing) > 1 else 'it'} did is unknown (killed before dumping, or the dump was not "
             "collected)")))
     cause = evidence.facts.first_failure
@@ -382,12 +382,16 @@ def _snapshot(converted: dict[int, ConvertedRank], meta: dict, missing: list[int
 def _notes(converted: dict[int, ConvertedRank], meta: dict, missing: list[int], evidence: Evidence) -> list[str]:
     notes = []
     if missing:
-        notes.append(f"no dump from rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))}")
+        notes.append(f"no dump from {_ranks_text(missing)}")
     cut = sorted(r for r, c in converted.items() if c.cut_off)
     if cut:
-        firsts = ", ".join(f"rank {r} from #{converted[r].first_world}" for r in cut[:8])
+        by_first: dict[Optional[int], list[int]] = {}
+        for r in cut:
+            by_first.setdefault(converted[r].first_world, []).append(r)
+        firsts = "; ".join(f"{_ranks_text(ranks)} from #{first}" for first, ranks in sorted(
+            by_first.items(), key=lambda kv: kv[0] or 0)[:8])
         notes.append(f"ring buffer full on {len(cut)} rank(s): their oldest entries are gone ({firsts}"
-                     f"{', ...' if len(cut) > 8 else ''}); collectives are compared only where every rank still "
+                     f"{'; ...' if len(by_first) > 8 else ''}); collectives are compared only where every rank still "
                      "holds them")
     p2p = {r: c.unrecorded_p2p for r, c in converted.items() if c.unrecorded_p2p}
     if p2p:
@@ -400,3 +404,16 @@ def _notes(converted: dict[int, ConvertedRank], meta: dict, missing: list[int], 
         notes.append(f"JSON dumps hold no Python stacks (ranks {', '.join(map(str, json_only[:8]))}"
                      f"{'...' if len(json_only) > 8 else ''}): no source lines, DDP's collectives not told apart")
     return notes
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0-516, 518-1023": runs of consecutive ranks as ranges."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    spans, start = [], ranks[0]
+    for previous, current in zip(ranks, ranks[1:] + [None]):
+        if current is None or current != previous + 1:
+            spans.append(f"{start}-{previous}" if previous > start else str(start))
+            start = current
+    return "ranks " + ", ".join(spans)
