@@ -237,6 +237,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                 training_passes[key] = training_passes.get(key, 0) + 1
             other.finish(complete=False)  # a new pass over the same loader ends the old one
         if training_passes.get(key):
+            rec.passes = max(rec.passes, training_passes[key])  # the live view's epoch without set_epoch
             bounds.before_pass(rec, training_passes[key])  # --max-epochs: raises RunCut at this boundary
         number = pass_counts.get(key, 0)
         pass_counts[key] = number + 1
@@ -279,6 +280,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def wrap_next(original):
         def __next__(self):
+            started = time.perf_counter()
             try:
                 batch = original(self)
             except StopIteration:
@@ -289,6 +291,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                     current.finish(complete=True)
                 _notify(rec, "ended", self, True)
                 raise
+            rec.timing.data_wait_s += time.perf_counter() - started
             current = self.__dict__.get("_ddpdoctor_pass")
             if current is not None and current.open:
                 current.yielded()

@@ -10,6 +10,7 @@ its own backward passes.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -44,6 +45,7 @@ class DDPState:
     unused_counts: dict[int, int] = field(default_factory=dict)
     last_emitted_unused: Optional[frozenset] = None
     usage_dirty: bool = False
+    expected_grads: int = 0  # parameters that got a gradient in the last closed iteration (0: all)
 
     def forward_counts(self) -> tuple[int, int, int]:
         return self.synced_forwards, self.unsynced_forwards, self.inner_forwards
@@ -57,6 +59,7 @@ class DDPState:
         if not self.fired:  # no backward ran: DDP does not mind either
             return
         unused = frozenset(range(len(self.names))) - self.fired
+        self.expected_grads = len(self.fired)
         self.fired.clear()  # cleared in place: the gradient hooks hold this very set
         self.iterations += 1
         for i in unused:
@@ -116,12 +119,14 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
     for i, (name, p) in enumerate(named):
         PARAM_NAMES[id(p)] = name if state.index == 0 else f"ddp{state.index}:{name}"
         PARAM_DDP[id(p)] = state.index
-        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state.fired, i))
+        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state, i))
 
     def on_ddp_forward(module, inputs):
         rec.progress += 1
         if not torch.is_grad_enabled():  # evaluation forwards never reduce gradients
             return
+        if rec.timing.forward is None:
+            rec.timing.forward = time.time()
         with rec.guard(PROBE, "forward"):
             state.close_iteration(rec)
             if module.require_backward_grad_sync:
@@ -155,6 +160,15 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3)))
 
 
-def _grad_arrived(rec: Recorder, fired: set, index: int, param: torch.Tensor) -> None:
+def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
+    fired = state.fired
     fired.add(index)
     rec.progress += 1
+    now = time.time()
+    timing = rec.timing
+    if timing.backward is None:
+        timing.backward = now
+    timing.backward_end = now
+    # Every parameter that got a gradient last iteration has one again: what remains of this backward
+    # is DDP's gradient all-reduce (the live view says so instead of "computing").
+    rec.gradients_complete = len(fired) >= (state.expected_grads or len(state.names))

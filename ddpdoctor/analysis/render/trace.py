@@ -1,0 +1,101 @@
+"""``--trace PATH``: the run as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and
+chrome://tracing open.
+
+One process per rank (``pid`` = the rank) with the main thread's track: optimizer steps as spans,
+inside them the phases the probes saw (forward from the first DDP forward to the first gradient,
+backward while gradients arrive, the optimizer's step, the time spent waiting for the DataLoader),
+collectives as instants named with their sequence number, checkpoint writes as spans; a second
+track per rank carries what ddpdoctor observed (stalls, the end of the process, its stop of the
+job). Built from the report's ``timeline``, so a saved JSON report gives the same trace.
+DataLoader workers get no track: the probes see batches where the main process receives them.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ddpdoctor.analysis.report import Report
+
+__all__ = ["render_trace", "MAIN", "OBSERVED"]
+
+MAIN, OBSERVED = 0, 1
+
+
+def _us(seconds: Optional[float]) -> float:
+    return round(float(seconds or 0.0) * 1e6, 1)
+
+
+def _span(name: str, cat: str, pid: int, start: float, end: float, tid: int = MAIN, args: Optional[dict] = None) -> dict:
+    event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
+             "dur": max(_us(end) - _us(start), 0.0)}
+    if args:
+        event["args"] = args
+    return event
+
+
+def _step_events(rank: int, steps: list, start: float) -> list[dict]:
+    events = []
+    previous_end = start
+    previous_n: Optional[int] = None
+    for step in steps:
+        t, n = step[0], step[1]
+        data, forward, backward, backward_end, optimizer = (list(step[2:7]) + [None] * 5)[:5]
+        label = f"step {n}" if previous_n is None or n == previous_n + 1 else f"steps {previous_n + 1}-{n}"
+        events.append(_span(label, "step", rank, previous_end, t, args={"step": n}))
+        if forward is not None:
+            first_grad = t - backward if backward is not None else None
+            events.append(_span("forward", "phase", rank, t - forward,
+                                first_grad if first_grad is not None else (t - optimizer if optimizer else t),
+                                args={"from": "the first DDP forward", "to": "the first gradient"}))
+        if backward is not None and backward_end is not None:
+            events.append(_span("backward", "phase", rank, t - backward, t - backward_end,
+                                args={"from": "the first gradient", "to": "the last gradient (DDP's all-reduce "
+                                      "may go on after it)"}))
+        if optimizer is not None:
+            events.append(_span("optimizer.step", "phase", rank, t - optimizer, t))
+        if data:
+            begin = t - forward if forward is not None else previous_end
+            events.append(_span("data wait", "data", rank, max(previous_end, begin - data), begin,
+                                args={"seconds in DataLoader.__next__ since the previous step": data}))
+        previous_end, previous_n = t, n
+    return events
+
+
+def render_trace(report: Report) -> dict:
+    """The trace-event document (``{"traceEvents": [...]}``) of a report; empty events without a timeline."""
+    timeline = report.timeline or {}
+    hosts = {r.get("rank"): r.get("host") for r in report.ranks}
+    divergence = timeline.get("first_divergence")
+    events: list[dict] = []
+    for key, lane in sorted((timeline.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
+        rank = int(key)
+        host = hosts.get(rank)
+        events += [
+            {"name": "process_name", "ph": "M", "pid": rank, "tid": MAIN, "ts": 0,
+             "args": {"name": f"rank {rank}" + (f" ({host})" if host else "")}},
+            {"name": "process_sort_index", "ph": "M", "pid": rank, "tid": MAIN, "ts": 0, "args": {"sort_index": rank}},
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": MAIN, "ts": 0, "args": {"name": "main thread"}},
+            {"name": "thread_name", "ph": "M", "pid": rank, "tid": OBSERVED, "ts": 0,
+             "args": {"name": "observed by ddpdoctor"}},
+        ]
+        start = lane.get("start") or 0.0
+        events += _step_events(rank, lane.get("steps", []), start)
+        for t, n, op in lane.get("collectives", []):
+            name = f"{op} #{n}" + (" (first divergence)" if n == divergence else "")
+            events.append({"name": name, "cat": "collective", "ph": "i", "s": "t", "pid": rank, "tid": MAIN,
+                           "ts": _us(t), "args": {"op": op, "sequence": n}})
+        for t, duration, path in lane.get("saves", []):
+            events.append(_span(f"torch.save {path}".strip(), "checkpoint", rank, t, t + duration))
+        for a, b in lane.get("stalls", []):
+            events.append(_span("no progress", "stall", rank, a, b, tid=OBSERVED))
+        end = lane.get("end")
+        if end and end.get("t") is not None:
+            events.append({"name": end.get("detail") or end.get("kind"), "cat": f"end.{end.get('kind')}", "ph": "i",
+                           "s": "p", "pid": rank, "tid": OBSERVED, "ts": _us(end["t"])})
+    stop = timeline.get("stop")
+    if stop and stop.get("t") is not None:
+        events.append({"name": f"ddpdoctor stopped the job ({stop.get('reason')})", "cat": "stop", "ph": "i",
+                       "s": "g", "pid": 0, "tid": OBSERVED, "ts": _us(stop["t"])})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"generator": f"ddpdoctor {report.version}", "script": report.script or "reference job",
+                          "outcome": report.outcome, "t0_unix_s": timeline.get("t0")}}
