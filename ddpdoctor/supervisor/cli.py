@@ -165,15 +165,23 @@ def check(
     min_busbw: Optional[float] = typer.Option(
         None, "--min-busbw", metavar="GBPS", help="Reference job: an error (collective-bandwidth) when a collective's "
                                                   "peak bus bandwidth stays below GBPS GB/s."),
+    # Undo a `true` from [tool.ddpdoctor]; hidden, so --help lists each flag once.
+    no_exit_zero: bool = typer.Option(False, "--no-exit-zero", hidden=True),
+    no_github: bool = typer.Option(False, "--no-github", hidden=True),
+    no_quiet: bool = typer.Option(False, "--no-quiet", hidden=True),
+    no_plain: bool = typer.Option(False, "--no-plain", hidden=True),
 ) -> int:
     """Run SCRIPT (or the reference job) on several ranks and check it. Script arguments go after --.
 
-    Defaults come from [tool.ddpdoctor] in the nearest pyproject.toml; the command line wins."""
+    Defaults come from [tool.ddpdoctor] in the nearest pyproject.toml; the command line wins
+    (--no-quiet, --no-plain, --no-github and --no-exit-zero undo a true there)."""
     from ddpdoctor.supervisor import display as displays
     from ddpdoctor.supervisor import outputs, project_config
     from ddpdoctor.supervisor.config import RunConfig
     from ddpdoctor.supervisor.pipeline import NoEvidence, run
 
+    exit_zero, github, quiet, plain = (False if off else on for on, off in (
+        (exit_zero, no_exit_zero), (github, no_github), (quiet, no_quiet), (plain, no_plain)))
     cli = {"nproc-per-node": nproc_per_node, "nnodes": nnodes, "hang-timeout": hang_timeout, "timeout": timeout,
            "fail-on": fail_on.value if fail_on else None, "exit-zero": exit_zero,
            "launch": launch.value if launch else None, "fingerprint-every": fingerprint_every,
@@ -302,7 +310,7 @@ def env(
 
 @app.command()
 def report(
-    path: Path = typer.Argument(..., metavar="REPORT", help="A JSON report written by `ddpdoctor check --json`."),
+    path: Path = typer.Argument(..., help="A JSON report written by `ddpdoctor check --json`."),
     fail_on: FailOn = typer.Option(FailOn.warning, "--fail-on", metavar="LEVEL",
                                    help="Lowest severity that makes the exit code 1: error, warning or info."),
     junit: Optional[Path] = typer.Option(None, "--junit", metavar="PATH", help="Write JUnit XML here."),
