@@ -118,7 +118,7 @@ def test_a_consequence_is_shown_under_its_cause_and_its_check_is_not_a_pass():
               CheckStatus(id="unused-parameters", title="t", status="fail", summary="aux got no gradient"),
               CheckStatus(id="collective-bandwidth", title="t", status="skip", summary="no collective benchmark ran")]
     plain = rendered(report_of(cause, checks=checks))
-    assert "[SEE ] gradient-sync: replicas diverge" in plain and "[PASS] gradient-sync" not in plain
+    assert "[CONSEQUENCE] gradient-sync: replicas diverge" in plain and "[PASS] gradient-sync" not in plain
     assert "-> consequence (gradient-sync): gradients differ at step 1" in plain
     rich = rendered(report_of(cause, checks=checks), plain=False)
     line = next(line for line in rich.splitlines() if "gradient-sync " in line and "replicas diverge" in line)

@@ -243,8 +243,8 @@ def render_html(report: Report, *, fail_on: str = "warning") -> str:
     if data["findings"]:
         body.append("<h2>Findings</h2>")
         body += [_finding(f, sources) for f in data["findings"]]
-    body += ["<h2>Checks</h2>", _checks(data["checks"])]
     body.append(_timeline_section(data.get("timeline")))
+    body += ["<h2>Checks</h2>", _checks(data["checks"])]
     if data.get("collective_benchmark") and data["collective_benchmark"].get("rows"):
         body += ["<h2>Collective bandwidth (smoke test)</h2>", svg.bandwidth_svg(data["collective_benchmark"])]
     body.append(_environment(data.get("environment") or []))

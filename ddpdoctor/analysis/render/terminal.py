@@ -20,7 +20,7 @@ from ddpdoctor.analysis.report import Report, device_simulation_line
 
 _GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim"),
            "consequence": ("↳", "magenta")}
-_PLAIN = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "consequence": "SEE "}
+_PLAIN = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "consequence": "CONSEQUENCE"}
 _SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 _SEVERITY_GLYPH = {"error": "✗", "warning": "!", "info": "i"}
 SIDE_BY_SIDE_GROUPS = 3  # more groups of ranks than this are listed one under the other
