@@ -65,10 +65,11 @@ class LiveState:
     def __init__(self) -> None:
         self.key: tuple = ()
         self.since = time.time()
+        self.where: Optional[dict] = None
 
     def sample(self, rec: Recorder, frame: Optional[FrameType], now: float) -> dict:
-        if rec.activity == "exited":
-            (state, detail), where = _ending(rec.exit_info), None
+        if rec.activity == "exited":  # where it was last seen: the line a crashed rank died on
+            (state, detail), where = _ending(rec.exit_info), self.where
         elif rec.activity == "importing":  # no stack walk: it would wait for torch's import to finish
             state, detail, where = "importing", None, None
         else:
@@ -76,6 +77,7 @@ class LiveState:
             state, detail = rank_state.live_state(stack, rec.activity, gradients_complete=rec.gradients_complete)
             user = [f for f in stack if f.get("user")]
             where = {k: user[-1][k] for k in ("file", "line", "function")} if user else None
+        self.where = where
         key = (state, detail)
         if key != self.key:
             self.key = key

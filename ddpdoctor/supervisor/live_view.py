@@ -9,6 +9,7 @@ last note a probe happened to leave: a rank blocked in DDP's gradient all-reduce
 from __future__ import annotations
 
 import signal
+import textwrap
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,6 +39,14 @@ def exit_text(exitcode: int) -> str:
         except ValueError:
             return f"killed by signal {-exitcode}"
     return f"exited with code {exitcode}"
+
+
+def _headline(text: str, limit: int = 90) -> str:
+    """An error's first sentence, or its first words, whole (the report has all of it)."""
+    end = text.find(". ")
+    if 0 < end < limit:
+        return text[: end + 1]
+    return textwrap.shorten(text, limit, placeholder=" …")
 
 
 def short_site(site: Optional[dict]) -> str:
@@ -75,7 +84,7 @@ def rank_row(beat: Heartbeat, now: float, *, exitcode: Optional[int] = None) -> 
     elif state == "finished":
         doing = "finished" + (f" ({detail})" if detail else "")
     elif state == "crashed":
-        doing, alarm = f"crashed: {detail}" if detail else "crashed", True
+        doing, alarm = f"crashed: {_headline(detail)}" if detail else "crashed", True
     elif state == "importing":
         doing = "importing torch and the probes"
     else:

@@ -91,3 +91,14 @@ def test_a_saved_hang_renders_as_html_and_trace(run_check, tmp_path):
     assert all({"ph", "ts", "pid", "tid"} <= set(e) for e in events)
     assert {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"} == {0, 1}
     assert any(e["name"] == "barrier #1 (first divergence)" for e in events)
+
+
+def test_env_markdown_is_a_block_to_paste_into_a_bug_report(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "env", "--markdown"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = proc.stdout
+    assert text.startswith("<details open><summary>ddpdoctor env</summary>") and text.rstrip().endswith("</details>")
+    for fragment in ("- OS: ", "- CPU: ", "- Python: ", "- Packages: ", "torch ", "| rank | host |", "| 0 |", "| 1 |"):
+        assert fragment in text, text
+    assert "[rank" not in text  # stdout carries the block alone

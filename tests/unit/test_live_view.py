@@ -131,6 +131,10 @@ def test_a_crash_and_a_clean_end_look_different():
     assert crashed.doing == "crashed: RuntimeError: Expected to have finished reduction" and crashed.alarm
     finished = rank_row(beat(state="finished"), NOW)
     assert finished.doing == "finished" and not finished.alarm
+    gloo = ("RuntimeError: [/__w/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+            "[127.0.0.1]:59106: Connection reset by peer. This is typically caused by a remote worker hanging")
+    long = rank_row(beat(state="crashed", detail=gloo), NOW).doing
+    assert long.startswith("crashed: RuntimeError: [/__w/pytorch") and long.endswith(" …") and len(long) < 110
 
 
 def test_a_rank_killed_by_a_signal_names_it():
