@@ -122,7 +122,7 @@ def header(beats: dict[int, Heartbeat], elapsed_s: float, *, stall_s: Optional[f
         parts.append("every rank ended")
     elif not any(b.steps for b in beats.values()):
         parts.append("script started, no optimizer step yet")
-    if stall_s is not None and threshold_s and stall_s >= 1.0:
+    if stall_s is not None and threshold_s and stall_s >= max(2.0, threshold_s / 10):  # not every quiet beat
         parts.append(f"no progress {duration(stall_s)} / hang at {duration(threshold_s)}")
     newest = max((b.last_collective.get("n") or 0 for b in beats.values() if b.last_collective), default=0)
     if newest:

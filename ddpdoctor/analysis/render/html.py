@@ -15,7 +15,7 @@ from typing import Optional
 from ddpdoctor.analysis.render import svg
 from ddpdoctor.analysis.render.evidence import evidence_rows, ranks_text
 from ddpdoctor.analysis.render.source import display_path, snippet, underline
-from ddpdoctor.analysis.render.terminal import verdict
+from ddpdoctor.analysis.render.terminal import consequence_of, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
 __all__ = ["render_html"]
@@ -165,10 +165,10 @@ def _finding(finding: dict, sources: dict) -> str:
     return "".join(parts)
 
 
-def _checks(checks: list[dict]) -> str:
+def _checks(checks: list[dict], findings: list[dict]) -> str:
     rows = []
     for check in checks:
-        status = "consequence" if check.get("consequence_of") else check["status"]
+        status = "consequence" if consequence_of(check, findings) else check["status"]
         glyph, cls = _STATUS.get(status, ("?", "skip"))
         rows.append(f'<tr><td class="glyph {cls}">{glyph}</td><td><code>{escape(check["id"])}</code></td>'
                     f'<td class="{cls if status != "pass" else ""}">{escape(check["summary"])}</td></tr>')
@@ -244,7 +244,7 @@ def render_html(report: Report, *, fail_on: str = "warning") -> str:
         body.append("<h2>Findings</h2>")
         body += [_finding(f, sources) for f in data["findings"]]
     body.append(_timeline_section(data.get("timeline")))
-    body += ["<h2>Checks</h2>", _checks(data["checks"])]
+    body += ["<h2>Checks</h2>", _checks(data["checks"], data["findings"])]
     if data.get("collective_benchmark") and data["collective_benchmark"].get("rows"):
         body += ["<h2>Collective bandwidth (smoke test)</h2>", svg.bandwidth_svg(data["collective_benchmark"])]
     body.append(_environment(data.get("environment") or []))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.render.source import snippet, underline
-from ddpdoctor.analysis.render.terminal import verdict
+from ddpdoctor.analysis.render.terminal import consequence_of, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
 __all__ = ["render_markdown"]
@@ -62,10 +62,11 @@ def render_markdown(report: Report, *, fail_on: str = "warning") -> str:
     if simulation:
         lines += [simulation[0].upper() + simulation[1:], ""]
     lines += ["| | Check | Summary |", "|---|---|---|"]
+    findings = [f.to_json() for f in report.findings]
     for check in report.checks:
         summary = check.summary + (f" (incomplete: probe {', '.join(check.incomplete)} failed)"
                                    if check.incomplete else "")
-        status = _CONSEQUENCE if check.consequence_of else _STATUS.get(check.status, check.status)
+        status = _CONSEQUENCE if consequence_of(check.to_json(), findings) else _STATUS.get(check.status, check.status)
         lines.append(f"| {status} | `{_cell(check.id)}` | {_cell(summary)} |")
     lines.append("")
     if report.findings:

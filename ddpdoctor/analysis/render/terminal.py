@@ -216,15 +216,37 @@ def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Op
 render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
 
 
-def _check_line(check: dict, *, plain: bool, width: int) -> Text:
+def consequence_of(check: dict, findings: list[dict]) -> Optional[str]:
+    """The root check whose finding explains this check's finding, if any: the report's own field,
+    else (a report saved by an older version) a passing check listed among a root's consequences."""
+    if check.get("consequence_of"):
+        return check["consequence_of"]
+    if check.get("status") != "pass":
+        return None
+    return next((f["check"] for f in findings for c in f.get("consequences", []) if c.get("check") == check["id"]),
+                None)
+
+
+def _status_and_summary(check: dict) -> tuple[str, str]:
     status = "consequence" if check.get("consequence_of") else check["status"]
     summary = check["summary"] + (f" [incomplete: probe {', '.join(check['incomplete'])} failed]"
                                   if check.get("incomplete") else "")
+    return status, summary
+
+
+def _check_line(check: dict, *, plain: bool, width: int) -> Text:
+    status, summary = _status_and_summary(check)
     if plain:
         return Text(f"[{_PLAIN[status]}] {check['id']}: {summary}")
+    glyph, id_text, summary_text = _check_cells(check)
+    return Text(" ") + glyph + Text(" ") + Text(f"{check['id']:<{width}}", style="bold") + summary_text
+
+
+def _check_cells(check: dict) -> tuple[Text, Text, Text]:
+    status, summary = _status_and_summary(check)
     glyph, style = _GLYPHS[status]
-    return (Text(f" {glyph} ", style=f"bold {style}") + Text(f"{check['id']:<{width}}", style="bold")
-            + Text(summary, style="dim" if status in ("pass", "skip") else style if status == "consequence" else ""))
+    return (Text(glyph, style=f"bold {style}"), Text(check["id"], style="bold"),
+            Text(summary, style="dim" if status in ("pass", "skip") else style if status == "consequence" else ""))
 
 
 def render(console: Console, report: Report, *, plain: bool, fail_on: str = "warning") -> None:
@@ -243,9 +265,19 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
             by_node.setdefault(rank.get("node"), []).append(f"{rank['rank']} (local {rank.get('local_rank')})")
         console.print(Text("nodes: " + "; ".join(f"node {n}: ranks {', '.join(r)}" for n, r in sorted(
             by_node.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))))
-    id_width = max((len(c["id"]) for c in data["checks"]), default=16) + 2
-    for check in data["checks"]:
-        console.print(_check_line(check, plain=plain, width=id_width))
+    checks = [{**c, "consequence_of": consequence_of(c, data["findings"])} for c in data["checks"]]
+    if plain:
+        for check in checks:
+            console.print(_check_line(check, plain=True, width=0))
+    elif data["checks"]:  # a grid: a long summary wraps under itself, never under the glyphs
+        grid = Table(box=None, padding=(0, 1), show_header=False, show_edge=False)
+        grid.add_column(no_wrap=True)
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        for check in checks:
+            glyph, id_text, summary = _check_cells(check)
+            grid.add_row(glyph, id_text, summary)
+        console.print(grid)
     if data.get("collective_benchmark"):  # the reference job's smoke test
         from ddpdoctor.analysis.render.benchmark import render_benchmark
 
@@ -289,4 +321,4 @@ def verdict(report: Report, fail_on: str = "warning") -> str:
     return f"verdict: OK: every check passed or had nothing to check{suffix}"
 
 
-__all__ = ["render", "render_finding", "finding_body", "code_block", "verdict"]
+__all__ = ["render", "render_finding", "finding_body", "code_block", "verdict", "consequence_of"]
