@@ -110,6 +110,11 @@ def test_the_trace_has_the_event_fields_and_one_track_per_rank():
             "barrier #2 (first divergence)", "torch.save model.pt", "no progress"} <= by_name
     step_1 = next(e for e in events if e["name"] == "step 1" and e["pid"] == 0)
     assert step_1["ph"] == "X" and step_1["dur"] > 0
+    for pid in (0, 1, 2):  # spans of a track nest or follow one another: viewers draw them as a stack
+        spans = sorted(((e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e["pid"] == pid
+                        and e["tid"] == 0), key=lambda s: (s[0], -s[1]))
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert b0 >= a1 - 1e-6 or b1 <= a1 + 1e-6, ((a0, a1), (b0, b1))
     collective_2 = next(e for e in events if e["name"].startswith("barrier #2"))
     assert collective_2["ph"] == "i" and collective_2["args"]["sequence"] == 2
 

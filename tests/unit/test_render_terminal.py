@@ -65,7 +65,8 @@ def test_a_finding_shows_the_users_line_with_a_caret(tmp_path):
     assert '{"' not in text and "threshold" not in text
 
 
-def test_a_hang_shows_each_ranks_line_side_by_side(tmp_path):
+def test_a_hang_shows_each_ranks_line_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # paths shown relative to the working directory, as in a project
     train = tmp_path / "train.py"
     train.write_text(TRAIN)
     text = rendered(report_of(hang_finding(str(train))))
@@ -75,6 +76,16 @@ def test_a_hang_shows_each_ranks_line_side_by_side(tmp_path):
     assert any("6 |     dist.barrier()" in line and "13 |         loss.backward()" in line for line in lines)
     assert any("no progress for 31 s · last collective #3 barrier" in line for line in lines)
     assert "#3 ← first divergence" in text and "never called" in text
+
+
+def test_ranks_whose_lines_do_not_fit_side_by_side_are_listed_one_under_another(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN)
+    text = rendered(report_of(hang_finding(str(train))), width=90)
+    lines = text.splitlines()
+    assert not any("rank 0: waiting" in line and "rank 1: waiting" in line for line in lines)
+    assert all(not line.startswith("all_reduce") for line in lines)  # no code line broken onto the next
+    assert "rank 1: waiting in the backward pass" in text and "13 |         loss.backward()" in text
 
 
 def test_code_comes_from_the_reports_sources_when_the_file_is_elsewhere():

@@ -94,10 +94,13 @@ def _rank_cell(ranks: list[int], state: dict, sources: dict, *, plain: bool) -> 
 
 
 def _side_by_side(cells: list[Text], width: int) -> RenderableType:
-    if len(cells) <= SIDE_BY_SIDE_GROUPS and width >= 50 * len(cells):
-        table = Table(box=None, padding=(0, 3, 0, 0), show_header=False, show_edge=False, expand=True)
+    """Columns when every line of every cell fits its column (code never wraps), else one under another."""
+    column = (width - 3 * (len(cells) - 1)) // max(len(cells), 1)
+    fits = all(len(line) <= column for cell in cells for line in cell.plain.split("\n"))
+    if 1 < len(cells) <= SIDE_BY_SIDE_GROUPS and fits:
+        table = Table(box=None, padding=(0, 3, 0, 0), show_header=False, show_edge=False)
         for _ in cells:
-            table.add_column(overflow="fold", ratio=1)
+            table.add_column(overflow="fold")
         table.add_row(*cells)
         return table
     return Group(*[Padding(c, (0, 0, 1, 0)) for c in cells])

@@ -34,6 +34,8 @@ def _span(name: str, cat: str, pid: int, start: float, end: float, tid: int = MA
 
 
 def _step_events(rank: int, steps: list, start: float) -> list[dict]:
+    """A span per step (from the previous step's end), its phases inside it, in order and never
+    overlapping one another, so every viewer nests them under their step."""
     events = []
     previous_end = start
     previous_n: Optional[int] = None
@@ -42,21 +44,29 @@ def _step_events(rank: int, steps: list, start: float) -> list[dict]:
         data, forward, backward, backward_end, optimizer = (list(step[2:7]) + [None] * 5)[:5]
         label = f"step {n}" if previous_n is None or n == previous_n + 1 else f"steps {previous_n + 1}-{n}"
         events.append(_span(label, "step", rank, previous_end, t, args={"step": n}))
-        if forward is not None:
-            first_grad = t - backward if backward is not None else None
-            events.append(_span("forward", "phase", rank, t - forward,
-                                first_grad if first_grad is not None else (t - optimizer if optimizer else t),
-                                args={"from": "the first DDP forward", "to": "the first gradient"}))
-        if backward is not None and backward_end is not None:
-            events.append(_span("backward", "phase", rank, t - backward, t - backward_end,
-                                args={"from": "the first gradient", "to": "the last gradient (DDP's all-reduce "
-                                      "may go on after it)"}))
-        if optimizer is not None:
-            events.append(_span("optimizer.step", "phase", rank, t - optimizer, t))
+        cursor = previous_end  # phases follow one another inside [previous_end, t]
+
+        def phase(name: str, cat: str, begin: float, end: float, args: Optional[dict] = None) -> None:
+            nonlocal cursor
+            begin, end = max(begin, cursor), min(end, t)
+            if end > begin:
+                events.append(_span(name, cat, rank, begin, end, args=args))
+                cursor = end
+
+        forward_at = t - forward if forward is not None else None
         if data:
-            begin = t - forward if forward is not None else previous_end
-            events.append(_span("data wait", "data", rank, max(previous_end, begin - data), begin,
-                                args={"seconds in DataLoader.__next__ since the previous step": data}))
+            end = forward_at if forward_at is not None else t
+            phase("data wait", "data", end - data, end,
+                  {"seconds in DataLoader.__next__ since the previous step": data})
+        if forward_at is not None:
+            phase("forward", "phase", forward_at, t - backward if backward is not None else
+                  (t - optimizer if optimizer is not None else t),
+                  {"from": "the first DDP forward", "to": "the first gradient"})
+        if backward is not None and backward_end is not None:
+            phase("backward", "phase", t - backward, t - backward_end,
+                  {"from": "the first gradient", "to": "the last gradient (DDP's all-reduce may go on after it)"})
+        if optimizer is not None:
+            phase("optimizer.step", "phase", t - optimizer, t)
         previous_end, previous_n = t, n
     return events
 
