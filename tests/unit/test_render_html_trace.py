@@ -106,7 +106,8 @@ def test_the_trace_has_the_event_fields_and_one_track_per_rank():
     assert names == {0: "rank 0", 1: "rank 1", 2: "rank 2"}
     assert {e["pid"] for e in events} == {0, 1, 2}
     by_name = {e["name"] for e in events}
-    assert {"step 1", "forward", "backward", "optimizer.step", "data wait", "all_reduce #1",
+    assert {"before the first step", "step 1", "forward", "backward", "optimizer.step", "data wait", "after step 6",
+            "all_reduce #1",
             "barrier #2 (first divergence)", "torch.save model.pt", "no progress"} <= by_name
     step_1 = next(e for e in events if e["name"] == "step 1" and e["pid"] == 0)
     assert step_1["ph"] == "X" and step_1["dur"] > 0

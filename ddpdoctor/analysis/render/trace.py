@@ -33,7 +33,7 @@ def _span(name: str, cat: str, pid: int, start: float, end: float, tid: int = MA
     return event
 
 
-def _step_events(rank: int, steps: list, start: float) -> list[dict]:
+def _step_events(rank: int, steps: list, start: float, end: Optional[float] = None) -> list[dict]:
     """A span per step (from the previous step's end), its phases inside it, in order and never
     overlapping one another, so every viewer nests them under their step."""
     events = []
@@ -42,6 +42,12 @@ def _step_events(rank: int, steps: list, start: float) -> list[dict]:
     for step in steps:
         t, n = step[0], step[1]
         data, forward, backward, backward_end, optimizer = (list(step[2:7]) + [None] * 5)[:5]
+        if previous_n is None and forward is not None:  # the first step begins at its data or forward
+            begin = max(start, t - forward - (data or 0.0))
+            if begin > start:
+                events.append(_span("before the first step", "startup", rank, start, begin,
+                                    args={"what": "the script's start: imports, init_process_group, model, data"}))
+            previous_end = begin
         label = f"step {n}" if previous_n is None or n == previous_n + 1 else f"steps {previous_n + 1}-{n}"
         events.append(_span(label, "step", rank, previous_end, t, args={"step": n}))
         cursor = previous_end  # phases follow one another inside [previous_end, t]
@@ -55,8 +61,8 @@ def _step_events(rank: int, steps: list, start: float) -> list[dict]:
 
         forward_at = t - forward if forward is not None else None
         if data:
-            end = forward_at if forward_at is not None else t
-            phase("data wait", "data", end - data, end,
+            waited_until = forward_at if forward_at is not None else t
+            phase("data wait", "data", waited_until - data, waited_until,
                   {"seconds in DataLoader.__next__ since the previous step": data})
         if forward_at is not None:
             phase("forward", "phase", forward_at, t - backward if backward is not None else
@@ -68,6 +74,9 @@ def _step_events(rank: int, steps: list, start: float) -> list[dict]:
         if optimizer is not None:
             phase("optimizer.step", "phase", t - optimizer, t)
         previous_end, previous_n = t, n
+    if previous_n is not None and end is not None and end > previous_end:
+        events.append(_span(f"after step {previous_n}", "step", rank, previous_end, end,
+                            args={"what": "from the last optimizer step to the end of the process"}))
     return events
 
 
@@ -89,7 +98,8 @@ def render_trace(report: Report) -> dict:
              "args": {"name": "observed by ddpdoctor"}},
         ]
         start = lane.get("start") or 0.0
-        events += _step_events(rank, lane.get("steps", []), start)
+        finish = (lane.get("end") or {}).get("t")
+        events += _step_events(rank, lane.get("steps", []), start, finish)
         for t, n, op in lane.get("collectives", []):
             name = f"{op} #{n}" + (" (first divergence)" if n == divergence else "")
             events.append({"name": name, "cat": "collective", "ph": "i", "s": "t", "pid": rank, "tid": MAIN,

@@ -46,6 +46,7 @@ class DDPState:
     last_emitted_unused: Optional[frozenset] = None
     usage_dirty: bool = False
     expected_grads: int = 0  # parameters that got a gradient in the last closed iteration (0: all)
+    arrived: int = 0  # gradients that arrived since the last training forward
 
     def forward_counts(self) -> tuple[int, int, int]:
         return self.synced_forwards, self.unsynced_forwards, self.inner_forwards
@@ -127,6 +128,8 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
             return
         if rec.timing.forward is None:
             rec.timing.forward = time.time()
+        rec.gradients_complete = False
+        state.arrived = 0
         with rec.guard(PROBE, "forward"):
             state.close_iteration(rec)
             if module.require_backward_grad_sync:
@@ -161,14 +164,14 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
-    fired = state.fired
-    fired.add(index)
+    state.fired.add(index)
     rec.progress += 1
-    now = time.time()
+    state.arrived += 1
     timing = rec.timing
     if timing.backward is None:
-        timing.backward = now
-    timing.backward_end = now
-    # Every parameter that got a gradient last iteration has one again: what remains of this backward
-    # is DDP's gradient all-reduce (the live view says so instead of "computing").
-    rec.gradients_complete = len(fired) >= (state.expected_grads or len(state.names))
+        timing.backward = time.time()
+    if state.arrived == (state.expected_grads or len(state.names)):
+        # Every parameter that got a gradient last iteration has one again: the rest of a synchronized
+        # backward is DDP's gradient all-reduce (the live view says so instead of "computing").
+        timing.backward_end = time.time()
+        rec.gradients_complete = state.iteration_open
