@@ -64,6 +64,7 @@ svg .grid { stroke: #f1f5f9; } svg .axisline { stroke: #9ca3af; }
 svg .alive { fill: #eef2ff; } svg .step { stroke: #93c5fd; stroke-width: 1; }
 svg .coll { stroke: #f59e0b; stroke-width: 1.5; } svg .coll.diverge { stroke: #dc2626; stroke-width: 3; }
 svg .clabel { fill: #b45309; font-size: 10px; } svg .clabel.diverge { fill: #dc2626; font-weight: 700; }
+svg .save { fill: #7c3aed; fill-opacity: .55; }
 svg .missing { stroke: #dc2626; stroke-width: 2; stroke-dasharray: 3 2; }
 svg .stall { fill: #dc2626; fill-opacity: .16; stroke: #dc2626; stroke-opacity: .5; stroke-dasharray: 3 2; }
 svg .end { font-size: 15px; font-weight: 700; } svg .end.crash { fill: #dc2626; } svg .end.exit { fill: #16a34a; }
@@ -217,6 +218,7 @@ def _timeline_section(timeline: Optional[dict]) -> str:
             "(evenly thinned steps, the last collectives).") if dropped else ""
     legend = ('<div class="legendrow"><span style="color:#93c5fd">| optimizer step</span>'
               '<span style="color:#f59e0b">| collective #n</span><span style="color:#dc2626">| first divergence</span>'
+              '<span style="color:#7c3aed">▬ torch.save</span>'
               '<span style="color:#dc2626">▨ no progress</span><span style="color:#dc2626">✗ crashed</span>'
               '<span style="color:#16a34a">■ exited</span><span style="color:#7c3aed">■ stopped by ddpdoctor</span>'
               f'</div><div class="legendrow">{escape(note)}</div>')

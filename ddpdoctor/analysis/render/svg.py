@@ -91,6 +91,10 @@ def timeline_svg(timeline: dict) -> str:
             out.append(f'<rect class="stall" x="{_f(x(a))}" y="{_f(y0 + 1)}" width="{_f(max(2.0, x(b) - x(a)))}" '
                        f'height="{lane_h - 2}"><title>rank {escape(rank)}: no progress for {b - a:.1f} s '
                        f'(from {a:.1f} s)</title></rect>')
+        for t, duration, path in lane.get("saves", []):
+            out.append(f'<rect class="save" x="{_f(x(t))}" y="{_f(y0 + lane_h * 0.2)}" '
+                       f'width="{_f(max(3.0, x(t + duration) - x(t)))}" height="{_f(lane_h * 0.6)}">'
+                       f'<title>rank {escape(rank)}: torch.save {escape(path)} took {duration:.2f} s</title></rect>')
         for step in lane.get("steps", []):
             out.append(f'<line class="step" x1="{_f(x(step[0]))}" y1="{_f(y0 + lane_h * 0.25)}" '
                        f'x2="{_f(x(step[0]))}" y2="{_f(y0 + lane_h * 0.75)}"/>')
@@ -104,8 +108,10 @@ def timeline_svg(timeline: dict) -> str:
                        f'{" (first divergence)" if diverged else ""}</title></line>')
             if not small and (diverged or px - last_label >= 26):
                 label = f"#{n}" + (" first divergence" if diverged else "")
-                out.append(f'<text class="{"clabel diverge" if diverged else "clabel"}" x="{_f(px + 2)}" '
-                           f'y="{_f(y0 + 9)}">{escape(label)}</text>')
+                near_edge = px + 7 * len(label) > LABEL_W + plot_w  # keep the label inside the picture
+                out.append(f'<text class="{"clabel diverge" if diverged else "clabel"}" '
+                           f'x="{_f(px - 2 if near_edge else px + 2)}" y="{_f(y0 + 9)}"'
+                           f'{" text-anchor=" + chr(34) + "end" + chr(34) if near_edge else ""}>{escape(label)}</text>')
                 last_label = px + (90 if diverged else 0)
         if divergence is not None and diverged_at and not any(n == divergence for _, n, _ in lane.get("collectives", [])):
             made = [n for _, n, _ in lane.get("collectives", [])]
