@@ -204,8 +204,10 @@ def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Op
             if isinstance(part, Text):
                 for line in part.split("\n"):
                     console.print(Text("    ") + line, soft_wrap=True)
-            else:
-                console.print(Padding(part, (0, 0, 0, 4), expand=False), soft_wrap=False)
+            else:  # tables and columns laid out to the width, without rich's trailing padding
+                options = console.options.update(width=max(40, console.width - 4))
+                for line in console.render_lines(part, options, pad=False):
+                    console.print(Text("    " + "".join(segment.text for segment in line).rstrip()), soft_wrap=True)
         return
     spaced: list[RenderableType] = []
     for part in body:
