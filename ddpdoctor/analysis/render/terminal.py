@@ -258,7 +258,8 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     data = report.to_json()
     console.print()
     nodes = f"{data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}"
-    console.print(Text(f"ddpdoctor {data['version']}: {data['script'] or 'reference job'} on "
+    script = display_path(data["script"]) if data["script"] else "reference job"
+    console.print(Text(f"ddpdoctor {data['version']}: {script} on "
                        f"{data['world_size']} ranks ({nodes}, {data['backend']}, {data['device']}), outcome "
                        f"{data['outcome']}, {data['duration_s']:.1f}s", style="bold"))
     simulation = device_simulation_line(report.device_simulation)
