@@ -103,7 +103,7 @@ def _side_by_side(cells: list[Text], width: int) -> RenderableType:
             table.add_column(overflow="fold")
         table.add_row(*cells)
         return table
-    return Group(*[Padding(c, (0, 0, 1, 0)) for c in cells])
+    return Group(*[Padding(c, (0, 0, 1 if i < len(cells) - 1 else 0, 0)) for i, c in enumerate(cells)])
 
 
 def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int) -> Optional[RenderableType]:
