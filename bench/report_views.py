@@ -66,8 +66,12 @@ def bench_heartbeat(rounds: int = 2000) -> None:
                                                               state["where"])
             write_json_atomic(path, beat.to_json())
 
+        def state_alone() -> None:
+            live.sample(rec, sys._current_frames().get(worker.ident), time.time())
+
         for name, fn in (("before #17: counters + JSON file", counters_only),
-                         ("now: + stack walk and classification", with_state)):
+                         ("now: + stack walk and classification", with_state),
+                         ("the stack walk and classification alone", state_alone)):
             fn()
             started = time.perf_counter()
             for _ in range(rounds):
