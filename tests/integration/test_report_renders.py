@@ -102,3 +102,15 @@ def test_env_markdown_is_a_block_to_paste_into_a_bug_report(tmp_path):
     for fragment in ("- OS: ", "- CPU: ", "- Python: ", "- Packages: ", "torch ", "| rank | host |", "| 0 |", "| 1 |"):
         assert fragment in text, text
     assert "[rank" not in text  # stdout carries the block alone
+
+
+def test_help_follows_the_terminal_width_and_names_types_in_words(tmp_path):
+    env = {**__import__("os").environ, "COLUMNS": "160"}
+    proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "--help"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert max(len(line) for line in text.splitlines()) > 100  # not wrapped at 80 in a 160-column terminal
+    assert "<list[str]>" not in text and "<int>" not in text and "<float>" not in text
+    assert "--select IDS" in text and "--hang-timeout SECONDS" in text and "--html PATH" in text
+    assert "/ --no-" not in text  # one flag per line; the --no-X overrides are hidden
