@@ -8,6 +8,7 @@ The runs are shared with the other integration tests (same fixture and options, 
 from __future__ import annotations
 
 import json
+import os
 import linecache
 import subprocess
 import sys
@@ -105,7 +106,7 @@ def test_env_markdown_is_a_block_to_paste_into_a_bug_report(tmp_path):
 
 
 def test_help_follows_the_terminal_width_and_names_types_in_words(tmp_path):
-    env = {**__import__("os").environ, "COLUMNS": "160"}
+    env = {**os.environ, "COLUMNS": "160"}
     proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "check", "--help"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
