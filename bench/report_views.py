@@ -11,7 +11,6 @@ so a person can look at it; the same command wrote docs/hang-report.png.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys

@@ -8,14 +8,14 @@ The runs are shared with the other integration tests (same fixture and options, 
 from __future__ import annotations
 
 import json
-import os
 import linecache
+import os
 import subprocess
 import sys
 from html.parser import HTMLParser
 
 import pytest
-from conftest import FIXTURES
+
 
 pytestmark = pytest.mark.integration
 
