@@ -16,7 +16,6 @@ from html.parser import HTMLParser
 
 import pytest
 
-
 pytestmark = pytest.mark.integration
 
 # fixture -> (options, the check whose finding must show its code line)
