@@ -129,7 +129,7 @@ def _calls_grid(calls: dict, sources: dict) -> str:
     for rank, call in sorted(calls.items(), key=lambda kv: int(kv[0])):
         site = call.get("site")
         site = site[0] if isinstance(site, list) and site else site
-        tensors = ", ".join(f"{'x'.join(map(str, t[0])) or 'scalar'} {t[1]}" for t in call.get("tensors") or []
+        tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
                             if isinstance(t, list) and len(t) == 2)
         cells.append(f'<div class="rankcell"><div class="who">rank {escape(str(rank))}: {escape(str(call.get("op")))}'
                      f'{escape(" of " + tensors) if tensors else ""}</div>'

@@ -129,7 +129,7 @@ def _calls_view(calls: dict, sources: dict, *, plain: bool, width: int) -> Optio
         return None
     cells = []
     for rank, call in sorted(calls.items(), key=lambda kv: int(kv[0])):
-        tensors = ", ".join(f"{'x'.join(map(str, t[0])) or 'scalar'} {t[1]}" for t in call.get("tensors") or []
+        tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
                             if isinstance(t, list) and len(t) == 2)
         cell = Text(f"rank {rank}: ", style="bold")
         cell.append(f"{call.get('op')}" + (f" of {tensors}" if tensors else "") + "\n")
@@ -207,7 +207,8 @@ def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Op
             else:  # tables and columns laid out to the width, without rich's trailing padding
                 options = console.options.update(width=max(40, console.width - 4))
                 for line in console.render_lines(part, options, pad=False):
-                    console.print(Text("    " + "".join(segment.text for segment in line).rstrip()), soft_wrap=True)
+                    text = "".join(segment.text for segment in line).rstrip()
+                    console.print(Text("    " + text if text else ""), soft_wrap=True)
         return
     spaced: list[RenderableType] = []
     for part in body:
