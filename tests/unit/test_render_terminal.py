@@ -143,3 +143,19 @@ def test_plain_sentences_are_never_cut():
     text = rendered(report_of(finding), width=80)
     assert long.strip() in text.replace("\n    ", " ")
     assert all(not line.rstrip().endswith("wor") for line in text.splitlines())
+
+
+def test_a_mismatch_shows_each_ranks_call_and_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    train = tmp_path / "train.py"
+    train.write_text("import torch.distributed as dist\n\nstats = torch.ones(4 + rank)\ndist.all_reduce(stats)\n")
+    site = [{"file": str(train), "line": 4, "function": "main"}]
+    finding = Finding(check="collective-hang", severity="error", message="collective #1 differs across ranks",
+                      fix="Same shapes.", location=Location(str(train), 4), evidence={
+                          "kind": "mismatch", "sequence": 1,
+                          "calls": {"0": {"op": "all_reduce", "tensors": [[[4], "float32"]], "site": site},
+                                    "1": {"op": "all_reduce", "tensors": [[[5], "float32"]], "site": site}}})
+    text = rendered(report_of(finding))
+    row = next(line for line in text.splitlines() if "rank 0: all_reduce of float32[4]" in line)
+    assert "rank 1: all_reduce of float32[5]" in row
+    assert '{"' not in text and "sequence" not in text and "mismatch" not in text
