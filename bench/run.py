@@ -61,7 +61,7 @@ def run_section(section: str, cwd: str, quick: bool) -> None:
     if section == "fingerprint":
         bench_fingerprint()
     elif section == "overhead":
-        bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60)
+        bench_overhead(cwd, rounds=1 if quick else 5, steps=40 if quick else 200)
     elif section == "verdict":
         bench_verdict(cwd, rounds=1 if quick else 3)
     elif section == "hangs":

@@ -19,6 +19,7 @@ from ddpdoctor.analysis.render.source import collect_sources
 from ddpdoctor.analysis.runner import Analysis
 from ddpdoctor.analysis.timeline import build_timeline
 from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.settings import GPU_VISIBLE
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
@@ -88,6 +89,7 @@ class Report:
     timeline: Optional[dict] = None  # per-rank steps, collectives, stalls, exits (analysis/timeline.py)
     launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines, kept off the screen
     launcher_log_path: Optional[str] = None  # where the CLI wrote them
+    framework: Optional[dict] = None  # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -147,6 +149,7 @@ class Report:
             "sources": self.sources,
             "timeline": self.timeline,
             "launcher_log": {"path": self.launcher_log_path, "lines": self.launcher_log} if self.launcher_log else None,
+            "framework": self.framework,
         }
 
     @classmethod
@@ -172,6 +175,7 @@ class Report:
             sources=dict(data.get("sources") or {}), timeline=data.get("timeline"),
             launcher_log=list((data.get("launcher_log") or {}).get("lines") or []),
             launcher_log_path=(data.get("launcher_log") or {}).get("path"),
+            framework=data.get("framework"),
         )
 
 
@@ -201,15 +205,33 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
         unsupported += [u for u in event.unsupported if u not in unsupported]
         ignored += [u for u in event.ignored if u not in ignored]
     events = list(last.values())
+    reasons = list(dict.fromkeys(e.reason for e in events if e.reason))
     return {"mode": events[0].mode, "active": any(e.active for e in events),
             "ranks": sorted(r for r, e in last.items() if e.active and r >= 0),
             "simulated": sorted(calls), "calls": dict(sorted(calls.items())), "unsupported": unsupported,
-            "ignored": ignored}
+            "ignored": ignored, "reason": "; ".join(reasons)}
+
+
+FRAMEWORK_TITLES = {"accelerate": "Accelerate", "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
+
+
+def framework_of(evidence: Evidence) -> Optional[dict]:
+    """The framework that set DDP up, as the report names it."""
+    found = evidence.facts.framework
+    if found is None:
+        return None
+    return {"name": found[0], "title": FRAMEWORK_TITLES.get(found[0], found[0]), "version": found[1]}
 
 
 def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
-    """The report header's line on device simulation, None when nothing was simulated."""
-    if not simulation or not simulation.get("active"):
+    """The report header's line on device simulation: what was simulated, or why ``auto`` left it off
+    (an explicit CPU choice); None when there is nothing to say."""
+    if not simulation:
+        return None
+    if not simulation.get("active"):
+        reason = simulation.get("reason") or ""
+        if simulation.get("mode") == "auto" and reason and reason != GPU_VISIBLE:
+            return f"device simulation off (auto): {reason}"
         return None
     if not (simulation.get("simulated") or simulation.get("unsupported") or simulation.get("ignored")):
         return None  # a CPU script: nothing to stand in for
@@ -251,6 +273,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         environment=rank_environments(evidence),
         collective_benchmark=collective_benchmark(evidence),
         device_simulation=device_simulation(evidence),
+        framework=framework_of(evidence),
     )
 
 

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
+from ddpdoctor.rank.clock import CollectiveClock
 from ddpdoctor.schema import layout
 from ddpdoctor.schema.events import Event, ProbeError
 from ddpdoctor.schema.observations import Heartbeat
@@ -61,7 +62,7 @@ class Recorder:
         self.agent = settings.agent
         self.host = socket.gethostname()
         self.progress = 0  # bumped by every probe callback; a stalled value means a stalled rank
-        self.collective_seq = 0
+        self.clock = CollectiveClock(self._write)  # world-group collectives, DDP's own included
         self.last_collective: Optional[dict] = None
         self.num_steps = 0
         self.epoch: Optional[int] = None
@@ -75,15 +76,26 @@ class Recorder:
         self.on_dump: list[Callable[[], None]] = []  # run by the watchdog when a stack dump is requested
         self._failed_probes: set[tuple[str, Optional[str], str]] = set()
         self._lock = threading.Lock()
+        self._owner = threading.get_ident()
         os.makedirs(self.evidence_dir, exist_ok=True)
         self._file = open(layout.events_path(self.evidence_dir, self.pid), "a", buffering=1)
 
+    @property
+    def collective_seq(self) -> int:
+        """World-group collectives this rank has taken part in so far (its collective clock)."""
+        return self.clock.units
+
     def emit(self, event: Event) -> None:
         """Append one event, stamped with time, rank, step and collective sequence."""
+        if threading.get_ident() == self._owner:  # the clock is read and booked by the main thread only
+            self.clock.sync()
         event.t = time.time()
+        self._write(event)
+
+    def _write(self, event: Event) -> None:
         event.rank = self.rank
         event.step = self.num_steps
-        event.seq = self.collective_seq
+        event.seq = self.clock.units
         line = json.dumps(event.to_json(), separators=(",", ":"), default=str)
         with self._lock:
             self.progress += 1
@@ -120,7 +132,7 @@ class Recorder:
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(pid=self.pid, rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
                          node_rank=self.node_rank, agent=self.agent, host=self.host, t=time.time(),
-                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=self.collective_seq,
+                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=self.clock.peek(),
                          activity=self.activity, site=self.activity_site, last_collective=self.last_collective,
                          passes=self.passes, exit=self.exit_info)
 

@@ -166,6 +166,11 @@ class Watchdog(threading.Thread):
         return StackDump(token=token, heartbeat=self.heartbeat(), stack=main_thread_stack())
 
     def stop(self) -> None:
-        """Stop beating, after one last heartbeat that carries the final state."""
+        """Stop beating, after one last heartbeat that carries the final state. The thread is
+        joined: a daemon thread still inside a C++ call (the collective clock reads the process
+        group) when the interpreter finalizes aborts the process ("terminate called without an
+        active exception")."""
         self._stop_event.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=2 * self.interval_s + 1)
         self._beat()

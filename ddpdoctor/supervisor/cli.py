@@ -65,7 +65,8 @@ class LaunchMode(str, enum.Enum):
 
 class DeviceMode(str, enum.Enum):
     auto = "auto"
-    cpu = "cpu"
+    simulate = "simulate"
+    cpu = "cpu"  # the old name of "simulate", kept as an alias (RunConfig resolves it)
     native = "native"
 
 
@@ -159,9 +160,11 @@ def check(
     keep_evidence: Optional[Path] = typer.Option(None, "--keep-evidence", metavar="DIR",
                                                  help="Copy the raw per-rank evidence here."),
     device: Optional[DeviceMode] = typer.Option(
-        None, "--device", metavar="MODE", help="Run a GPU script on CPU: nccl->gloo, CUDA tensors and torch.cuda on "
-                                               "the CPU. auto (default): when the ranks see no GPU; cpu: always; "
-                                               "native: never."),
+        None, "--device", metavar="MODE", help="Simulate a GPU per rank on the CPU (nccl->gloo, CUDA tensors, "
+                               "torch.cuda, generators, streams, amp). auto (default): when the ranks see no GPU and "
+                               "neither launcher nor framework chose the CPU (ACCELERATE_USE_CPU, PL_TRAINER_ACCELERATOR, "
+                               "LT_ACCELERATOR, empty CUDA_VISIBLE_DEVICES); simulate (alias: cpu): always, even "
+                               "beside GPUs; native: never."),
     min_busbw: Optional[float] = typer.Option(
         None, "--min-busbw", metavar="GBPS", help="Reference job: an error (collective-bandwidth) when a collective's "
                                                   "peak bus bandwidth stays below GBPS GB/s."),

@@ -263,6 +263,10 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     console.print(Text(f"ddpdoctor {data['version']}: {script} on "
                        f"{data['world_size']} ranks ({nodes}, {data['backend']}, {data['device']}), outcome "
                        f"{data['outcome']}, {data['duration_s']:.1f}s", style="bold"))
+    if data.get("framework"):
+        framework = data["framework"]
+        console.print(Text(f"framework: {framework['title']} {framework.get('version') or ''}".rstrip()
+                           + " (DDP set up by it; fixes use its words)"))
     simulation = device_simulation_line(report.device_simulation)
     if simulation:
         console.print(Text(simulation))

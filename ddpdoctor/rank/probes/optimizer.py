@@ -25,6 +25,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpdoctor.rank import bounds, callsite
 from ddpdoctor.rank import fingerprint as fingerprints
+from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.recorder import Recorder, StepTiming
 from ddpdoctor.schema.events import OptimizerInfo, Step
@@ -122,6 +123,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def pre_hook(optimizer, args, kwargs):
         with rec.guard(PROBE, "step"):
+            rec.clock.enter(Phase())  # the backward's all-reduces are booked to it; the step is not DDP's
             before_step(optimizer, args, kwargs)
 
     def post_hook(optimizer, args, kwargs):
