@@ -159,3 +159,18 @@ def test_a_mismatch_shows_each_ranks_call_and_line(tmp_path, monkeypatch):
     row = next(line for line in text.splitlines() if "rank 0: all_reduce of float32[4]" in line)
     assert "rank 1: all_reduce of float32[5]" in row
     assert '{"' not in text and "sequence" not in text and "mismatch" not in text
+
+
+def test_ddps_own_collectives_are_named_by_what_they_belong_to():
+    site = [{"file": "/gone/train.py", "line": 41, "function": "main"}]
+    finding = Finding(check="collective-hang", severity="error", message="rank 0 ran 2 forwards through DDP", fix="f",
+                      location=Location("/gone/train.py", 41), evidence={
+                          "kind": "mismatch", "sequence": 13, "culprit": 0, "culprit_phase": "ddp-forward",
+                          "rank_only": "ddp-forward", "never_ran": [1], "collectives_from_line": {"0": 4, "1": 0},
+                          "calls": {"0": {"op": None, "phase": "ddp-forward", "tensors": [], "site": site},
+                                    "1": {"op": "broadcast", "phase": "ddp-forward", "tensors": [], "site": site}}})
+    text = rendered(report_of(finding))
+    assert "rank 0: DDP's forward (buffer broadcast)" in text
+    assert "rank 1: broadcast in DDP's forward (buffer broadcast)" in text
+    assert "never ran it" in text and "rank 1" in text and "rank 0: 4 · rank 1: 0" in text
+    assert "culprit" not in text and "ddp-forward" not in text and "None" not in text

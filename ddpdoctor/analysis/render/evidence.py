@@ -20,7 +20,8 @@ import math
 import os
 from typing import Any, Callable, Optional
 
-__all__ = ["LABELS", "evidence_rows", "format_value", "site_text", "ranks_text", "number", "size", "seconds"]
+__all__ = ["LABELS", "PHASES", "evidence_rows", "format_value", "site_text", "ranks_text", "number", "size",
+           "seconds", "call_text"]
 
 MAX_ITEMS = 8
 MAX_GROUPS = 6
@@ -97,6 +98,21 @@ def ranks_text(ranks: list) -> str:
         if r is not None:
             start = prev = r
     return ("rank " if len(values) == 1 else "ranks ") + ", ".join(runs)
+
+
+# What DDP's own collectives are part of (the collective trace's ``phase``), in words.
+PHASES = {"ddp-forward": "DDP's forward (buffer broadcast)", "ddp-backward": "DDP's gradient all-reduce",
+          "ddp-init": "DDP's constructor (parameter broadcast)"}
+
+
+def call_text(call: dict) -> str:
+    """One rank's collective call: ``all_reduce of float32[4]``, or the DDP phase an internal one belongs to."""
+    tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
+                        if isinstance(t, list) and len(t) == 2)
+    what = call.get("op") or PHASES.get(call.get("phase") or "", str(call.get("phase") or "a collective").replace("-", " "))
+    if call.get("op") and call.get("phase") in PHASES:
+        what += f" in {PHASES[call['phase']]}"
+    return what + (f" of {tensors}" if tensors else "")
 
 
 def _is_site(value: Any) -> bool:
@@ -184,7 +200,10 @@ LABELS: dict[str, Optional[tuple[str, Optional[Formatter]]]] = {
     **dict.fromkeys(("case", "kind", "ddp", "optimizer", "opt", "seq", "sequence", "first_divergence", "timeline",
                      "calls", "ranks", "rank", "fingerprints", "fingerprint", "frames", "stacks", "stack",
                      "rank_groups", "decoded", "secondary_only", "reduction_error", "failed_ranks", "message",
-                     "exception", "basis", "source", "threshold_s", "secondary", "site"), None),
+                     "exception", "basis", "source", "threshold_s", "secondary", "site", "culprit",
+                     "culprit_phase", "rank_only"), None),
+    "never_ran": ("never ran it", ranks_text),
+    "collectives_from_line": ("collectives from that line", None),
     "relative_difference": ("relative difference", percent),
     "parameter": ("parameter", lambda v: f"`{v}`"),
     "buffer": ("buffer", lambda v: f"`{v}`"),

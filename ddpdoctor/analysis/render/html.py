@@ -13,7 +13,7 @@ from html import escape
 from typing import Optional
 
 from ddpdoctor.analysis.render import svg
-from ddpdoctor.analysis.render.evidence import evidence_rows, ranks_text
+from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
 from ddpdoctor.analysis.render.source import display_path, snippet, underline
 from ddpdoctor.analysis.render.terminal import consequence_of, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
@@ -129,10 +129,7 @@ def _calls_grid(calls: dict, sources: dict) -> str:
     for rank, call in sorted(calls.items(), key=lambda kv: int(kv[0])):
         site = call.get("site")
         site = site[0] if isinstance(site, list) and site else site
-        tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
-                            if isinstance(t, list) and len(t) == 2)
-        cells.append(f'<div class="rankcell"><div class="who">rank {escape(str(rank))}: {escape(str(call.get("op")))}'
-                     f'{escape(" of " + tensors) if tensors else ""}</div>'
+        cells.append(f'<div class="rankcell"><div class="who">rank {escape(str(rank))}: {escape(call_text(call))}</div>'
                      f'{_code(site, sources, function=(site or {}).get("function")) if site else ""}</div>')
     return '<div class="muted">each rank\'s call:</div><div class="ranks">' + "".join(cells) + "</div>"
 

@@ -14,7 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.analysis.render.evidence import evidence_rows, ranks_text
+from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
 from ddpdoctor.analysis.render.source import Snippet, display_path, snippet, underline
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
@@ -129,10 +129,8 @@ def _calls_view(calls: dict, sources: dict, *, plain: bool, width: int) -> Optio
         return None
     cells = []
     for rank, call in sorted(calls.items(), key=lambda kv: int(kv[0])):
-        tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
-                            if isinstance(t, list) and len(t) == 2)
         cell = Text(f"rank {rank}: ", style="bold")
-        cell.append(f"{call.get('op')}" + (f" of {tensors}" if tensors else "") + "\n")
+        cell.append(call_text(call) + "\n")
         site = call.get("site")
         site = site[0] if isinstance(site, list) and site else site
         code = _code_or_where(site, sources, plain=plain, function=(site or {}).get("function")) if site else None
