@@ -9,7 +9,7 @@ divergence), and says how many it dropped.
 Per rank::
 
     {"start": s, "steps": [[t, n, data, forward, backward, backward_end, optimizer], ...],
-     "collectives": [[t, n, op], ...], "saves": [[t, duration, file name], ...],
+     "collectives": [[t, n, op or what DDP's own one was for], ...], "saves": [[t, duration, file name], ...],
      "stalls": [[from, to], ...], "end": {"t", "kind", "detail"} | null,
      "dropped_steps": k, "dropped_collectives": k}
 
@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import Collective, Exit, ExceptionEvent, ProcessStart, Save, Step, SysExit
+from ddpdoctor.schema.events import (Collective, Exit, ExceptionEvent, InternalCollectives, ProcessStart, Save, Step,
+                                     SysExit)
 
 __all__ = ["build_timeline", "points_per_rank", "TOTAL_POINTS"]
 
@@ -50,14 +51,29 @@ def _thin(items: list, limit: int) -> list:
     return [items[round(i * step)] for i in range(limit)]
 
 
-def _keep_collectives(calls: list[Collective], limit: int, divergence: Optional[int]) -> list[Collective]:
+# DDP's own collectives (InternalCollectives.phase) as the timeline names them.
+_INTERNAL = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's buffer broadcast",
+             "ddp-backward": "DDP's gradient all-reduce", "other": "a library's collective"}
+
+
+def _collectives(ev) -> list[tuple[float, int, str]]:
+    """(t, number, what) of every collective the rank took part in: its own calls and, where the
+    backend numbers them, DDP's (one entry per number), in the order of their numbers."""
+    calls = [(c.t, c.n, c.op) for c in ev.of(Collective) if c.n]
+    for internal in ev.of(InternalCollectives):
+        what = _INTERNAL.get(internal.phase, internal.phase)
+        calls += [(internal.t, n, what) for n in range(internal.first, internal.first + internal.count)]
+    return sorted(calls, key=lambda c: (c[1], c[0]))
+
+
+def _keep_collectives(calls: list[tuple], limit: int, divergence: Optional[int]) -> list[tuple]:
     """The last collectives (where a hang is), the first ones and those around the divergence."""
     if len(calls) <= limit:
         return calls
-    keep = {id(c) for c in calls[-(limit * 3 // 4):]} | {id(c) for c in calls[: limit // 8]}
+    keep = set(range(len(calls) - limit * 3 // 4, len(calls))) | set(range(limit // 8))
     if divergence is not None:
-        keep |= {id(c) for c in calls if abs(c.n - divergence) <= AROUND_DIVERGENCE}
-    return [c for c in calls if id(c) in keep]
+        keep |= {i for i, c in enumerate(calls) if abs(c[1] - divergence) <= AROUND_DIVERGENCE}
+    return [c for i, c in enumerate(calls) if i in keep]
 
 
 def _end(evidence: Evidence, rank: int, t0: float) -> Optional[dict]:
@@ -99,7 +115,7 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
         ev = evidence.ranks[rank]
         steps = [e for e in ev.of(Step)]
         kept_steps = _thin(steps, limit)
-        calls = [c for c in ev.of(Collective)]
+        calls = _collectives(ev)
         kept_calls = _keep_collectives(calls, limit, divergence)
         start = next((e.t for e in ev.of(ProcessStart)), ev.events[0].t if ev.events else t0)
         stalls = []
@@ -110,7 +126,7 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
         entry = {
             "start": _r(start, t0),
             "steps": [[_r(s.t, t0), s.step, *(s.timing or [None] * 5)] for s in kept_steps],
-            "collectives": [[_r(c.t, t0), c.n, c.op] for c in kept_calls],
+            "collectives": [[_r(t, t0), n, what] for t, n, what in kept_calls],
             "saves": [[_r(s.t - (s.dur_s or 0.0), t0), round(s.dur_s or 0.0, 4), (s.path or "").rsplit("/", 1)[-1]]
                       for s in ev.of(Save)][-limit:],
             "stalls": stalls,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import linecache
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -52,7 +53,7 @@ def test_the_plain_report_shows_the_code_line_and_no_json(run_check, fixture):
 def test_a_hang_shows_every_ranks_line_and_keeps_torchruns_log_off_screen(run_check):
     run = run_check("hang_barrier_rank0.py", "--hang-timeout", "5")
     text = _report_text(run.output)
-    assert "rank 0: waiting in barrier #1" in text and "rank 1: waiting in the backward pass" in text
+    assert re.search(r"rank 0: waiting in barrier #\d+", text) and "rank 1: waiting in the backward pass" in text
     assert "dist.barrier()  # BUG: only rank 0 gets here" in text and "loss.backward()" in text
     assert "death signal" not in run.output and "api.py:" not in run.output
     log = run.report["launcher_log"]
@@ -90,7 +91,7 @@ def test_a_saved_hang_renders_as_html_and_trace(run_check, tmp_path):
     events = json.loads(trace.read_text())["traceEvents"]
     assert all({"ph", "ts", "pid", "tid"} <= set(e) for e in events)
     assert {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"} == {0, 1}
-    assert any(e["name"] == "barrier #1 (first divergence)" for e in events)
+    assert any(re.fullmatch(r"barrier #\d+ \(first divergence\)", e["name"]) for e in events)
 
 
 def test_env_markdown_is_a_block_to_paste_into_a_bug_report(tmp_path):

@@ -131,3 +131,16 @@ def test_the_timeline_is_bounded_for_long_runs_and_many_ranks():
     assert len(lane["steps"]) == limit and lane["dropped_steps"] == 120 - limit
     assert lane["steps"][0][1] == 1 and lane["steps"][-1][1] == 120  # first and last kept
     assert len(json.dumps(timeline)) < 3_000_000
+
+
+def test_ddps_own_collectives_are_on_the_timeline_with_their_numbers():
+    from ddpdoctor.schema.events import InternalCollectives
+
+    internal = InternalCollectives(t=102.5, first=2, count=2, phase="ddp-backward")
+    evidence = make_evidence(2, {0: [init_pg(2, t=100.0), collective("all_reduce", 1, t=101.0),
+                                     collective("barrier", 2, shape=None, t=103.0)],
+                                 1: [init_pg(2, t=100.0), collective("all_reduce", 1, t=101.0), internal]})
+    lanes = build_timeline(evidence)["ranks"]
+    assert [c[1:] for c in lanes["1"]["collectives"]] == [[1, "all_reduce"], [2, "DDP's gradient all-reduce"],
+                                                          [3, "DDP's gradient all-reduce"]]
+    assert "never called" not in render_html(report_of(evidence))

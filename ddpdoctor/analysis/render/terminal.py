@@ -149,10 +149,19 @@ def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table
         return None
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="last collectives",
                   title_justify="left")
+    ranks = sorted(timeline.items(), key=lambda kv: int(kv[0]))
+    if len(ranks) <= 4:  # one row per collective, the ranks side by side
+        table.add_column("#")
+        for rank, _ in ranks:
+            table.add_column(f"rank {rank}")
+        for n in numbers:
+            table.add_row(f"#{n}" + (" ← first divergence" if n == divergence else ""),
+                          *[calls.get(str(n), "never called") for _, calls in ranks])
+        return table
     table.add_column("rank")
     for n in numbers:
         table.add_column(f"#{n}" + (" ← first divergence" if n == divergence else ""))
-    for rank, calls in sorted(timeline.items(), key=lambda kv: int(kv[0])):
+    for rank, calls in ranks:
         table.add_row(rank, *[calls.get(str(n), "never called") for n in numbers])
     return table
 
