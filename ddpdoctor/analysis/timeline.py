@@ -56,13 +56,22 @@ _INTERNAL = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's bu
              "ddp-backward": "DDP's gradient all-reduce", "other": "a library's collective"}
 
 
-def _collectives(ev) -> list[tuple[float, int, str]]:
+def _collectives(ev, stalled_since: Optional[float] = None) -> list[tuple[float, int, str]]:
     """(t, number, what) of every collective the rank took part in: its own calls and, where the
     backend numbers them, DDP's (one entry per number), in the order of their numbers."""
     calls = [(c.t, c.n, c.op) for c in ev.of(Collective) if c.n]
-    for internal in ev.of(InternalCollectives):
-        what = _INTERNAL.get(internal.phase, internal.phase)
-        calls += [(internal.t, n, what) for n in range(internal.first, internal.first + internal.count)]
+    previous_t = None
+    for event in ev.events:
+        if isinstance(event, InternalCollectives):
+            # Booked when the main thread next runs a probe, soon after DDP issued them; booked
+            # while the rank was stalled means at the stack dump, long after: the rank's previous
+            # event is then the closer bound on when they were issued.
+            late = stalled_since is not None and event.t >= stalled_since and previous_t is not None
+            at = previous_t if late else event.t
+            what = _INTERNAL.get(event.phase, event.phase)
+            calls += [(at, n, what) for n in range(event.first, event.first + event.count)]
+        elif event.t:
+            previous_t = event.t
     return sorted(calls, key=lambda c: (c[1], c[0]))
 
 
@@ -115,7 +124,8 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
         ev = evidence.ranks[rank]
         steps = [e for e in ev.of(Step)]
         kept_steps = _thin(steps, limit)
-        calls = _collectives(ev)
+        stalled = stop.ranks.get(rank) if stop is not None and stop.t else None
+        calls = _collectives(ev, stop.t - stalled.stalled_s if stalled is not None and stalled.stalled_s else None)
         kept_calls = _keep_collectives(calls, limit, divergence)
         start = next((e.t for e in ev.of(ProcessStart)), ev.events[0].t if ev.events else t0)
         stalls = []

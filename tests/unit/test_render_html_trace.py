@@ -144,3 +144,15 @@ def test_ddps_own_collectives_are_on_the_timeline_with_their_numbers():
     assert [c[1:] for c in lanes["1"]["collectives"]] == [[1, "all_reduce"], [2, "DDP's gradient all-reduce"],
                                                           [3, "DDP's gradient all-reduce"]]
     assert "never called" not in render_html(report_of(evidence))
+
+
+def test_ddps_collectives_booked_at_the_stack_dump_are_drawn_where_the_rank_stopped():
+    from ddpdoctor.schema.events import InternalCollectives
+
+    stop = stop_snapshot({0: {}, 1: {}}, {}, threshold_s=5.0)  # every rank stalled 31 s
+    stop.t = 140.0
+    late = InternalCollectives(t=139.5, first=2, count=1, phase="ddp-backward")  # flushed by the dump
+    evidence = make_evidence(2, {0: [init_pg(2, t=100.0), collective("barrier", 2, shape=None, t=103.0)],
+                                 1: [init_pg(2, t=100.0), timed_step(1, 103.2), late]}, outcome="hung", stop=stop)
+    (tick,) = build_timeline(evidence)["ranks"]["1"]["collectives"]
+    assert tick[1:] == [2, "DDP's gradient all-reduce"] and tick[0] == 3.2  # at its last event, not the dump
