@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
@@ -134,7 +135,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         if num_iterations_total == 0:
             return CheckResult(summary="no backward pass through DDP observed", applicable=False)
         return CheckResult(summary=f"every parameter got a gradient ({num_iterations_total} rank-iterations observed)")
-    return CheckResult(findings=findings, summary=findings[0].message.split(":")[0][:100])
+    return CheckResult(findings=findings, summary=textwrap.shorten(findings[0].message.split(":")[0], 100,
+                                                                   placeholder=" …"))
 
 
 CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS)

@@ -118,7 +118,7 @@ RULES: tuple[Rule, ...] = (
          lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and _ddp_collectives_unmatched(f))),
     # Ranks took different collectives: the batch counts they reached differ as a result.
     Rule("collectives diverged", _is("collective-hang", severities=("error",)),
-         lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") == "control-flow")
+         lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") in ("control-flow", "unknown"))
          or _failure_in_the_mismatched_collective(f, c)),
     # A rank read a checkpoint another rank was still writing, and died loading the torn file.
     Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
@@ -74,7 +75,7 @@ class RankFailure:
 
     @property
     def headline(self) -> str:
-        first = self.message.strip().splitlines()[0][:300] if self.message.strip() else ""
+        first = _shorten(self.message.strip().splitlines()[0]) if self.message.strip() else ""
         return f"{self.type}: {first}" if self.type else first
 
 
@@ -325,6 +326,16 @@ def merge_parts(parts: list[LoaderPass]) -> LoaderPass:
     indices = None if opaque else merge_encoded(p.indices for p in parts)
     return dataclasses.replace(last, part=0, indices=indices, head=parts[0].head,
                                num_samples=None if opaque else sum(p.num_samples or 0 for p in parts))
+
+
+def _shorten(line: str, limit: int = 200) -> str:
+    """A long error line cut after its first sentences, or between words, never inside one."""
+    if len(line) <= limit:
+        return line
+    end = line.rfind(". ", 0, limit)
+    if end > limit // 3:
+        return line[: end + 1]
+    return textwrap.shorten(line, limit, placeholder=" …")
 
 
 def _is_secondary(message: str) -> bool:

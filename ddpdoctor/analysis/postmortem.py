@@ -310,10 +310,13 @@ def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int,
               logs: dict[int, elastic.RankLog], world_size: int) -> Evidence:
     evidence = Evidence()
     for rank in sorted(set(converted) | set(errors) | set(logs)):
-        events: list[Event] = [ProcessStart(rank=rank, world_size=world_size)]
         conv = converted.get(rank)
+        exception = errors[rank].event if rank in errors else (logs[rank].exception if rank in logs else None)
+        # The first thing known of the rank: its oldest recorded collective, else its error.
+        first_t = next((e.t for e in conv.events), meta[rank][1]) if conv is not None else \
+            (exception.t if exception is not None else 0.0)
+        events: list[Event] = [ProcessStart(t=first_t, rank=rank, world_size=world_size)]
         if conv is not None:
-            first_t = next((e.t for e in conv.events), meta[rank][1])
             events.append(InitProcessGroup(t=first_t, rank=rank, backend=conv.backend, world_size=world_size,
                                            numbering="pg"))
             events.extend(conv.events)
@@ -321,7 +324,6 @@ def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int,
                 events.append(ProbeError(t=first_t, rank=rank, probe=PROBE, error=(
                     "the ring buffer was full: its oldest collectives were overwritten, so the first ones are "
                     "compared on no rank (raise TORCH_FR_BUFFER_SIZE to keep more)")))
-        exception = errors[rank].event if rank in errors else (logs[rank].exception if rank in logs else None)
         if exception is not None:
             exception.rank = rank
             if conv is not None and conv.last is not None:

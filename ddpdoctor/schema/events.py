@@ -242,6 +242,10 @@ class Step(Event):
     params: Optional[str] = None
     forwards: dict = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
+    # [seconds waited in DataLoader.__next__ since the previous step, then how many seconds before
+    # ``t`` the first DDP forward, the first gradient, the last gradient and the optimizer's step
+    # began] (None where not seen): the step's phases for the timeline and --trace.
+    timing: Optional[list] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -425,6 +429,7 @@ class Save(Event):
     fingerprint: Optional[str] = None
     module_prefix: bool = False
     site: Site = field(default_factory=list)
+    dur_s: Optional[float] = None  # how long torch.save took (``t`` is when it returned)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -60,6 +60,7 @@ def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
         collected = transport.collect()
         collected.failures = _agent_failures(plan.agent_outputs)
         collected.output_tails = router.tail_lists()
+        collected.launcher_log = router.launcher_lines()
         _keep_evidence(config, evidence_dir)
         failed = any(code != 0 for code in job.exit_codes)
         return _report(config, plan, script, collected, result, failed=failed, started=started)
@@ -121,7 +122,7 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
         launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
-        min_busbw_gbps=config.min_busbw_gbps)
+        min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
     checks = config.checks()  # first: plugins register their event kinds before the evidence is read
     pool: dict[str, str] = {}  # one copy of the fingerprints replicas share
     evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),

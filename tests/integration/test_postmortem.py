@@ -116,13 +116,17 @@ def test_every_report_format_and_the_exit_codes(tmp_path):
     run_with_recorder("hang_collective_some_ranks.py", dumps)
     out = tmp_path / "out"
     code, post, output = analyze(dumps, tmp_path=tmp_path, extra=(
-        "--junit", str(out / "junit.xml"), "--sarif", str(out / "r.sarif"), "--markdown", str(out / "r.md")))
+        "--junit", str(out / "junit.xml"), "--sarif", str(out / "r.sarif"), "--markdown", str(out / "r.md"),
+        "--html", str(out / "r.html"), "--trace", str(out / "r.trace.json")))
     assert code == 1
     assert post["schema"] == "ddpdoctor.report/1" and post["outcome"] == "hung"
     assert "collective-hang" in (out / "junit.xml").read_text()
     sarif = json.loads((out / "r.sarif").read_text())
     assert sarif["runs"][0]["results"][0]["ruleId"] == "collective-hang"
     assert "collective-hang" in (out / "r.md").read_text()
+    assert "collective-hang" in (out / "r.html").read_text()
+    trace = json.loads((out / "r.trace.json").read_text())
+    assert {e["args"]["sequence"] for e in trace["traceEvents"] if e.get("cat") == "collective"} >= set(range(1, 9))
     assert "ERROR collective-hang" in output and "verdict: NOT OK" in output
     code, _, _ = analyze(dumps, tmp_path=tmp_path, extra=("--exit-zero",))
     assert code == 0

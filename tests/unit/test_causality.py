@@ -114,3 +114,11 @@ def test_the_crash_of_a_reader_of_a_torn_checkpoint_is_a_consequence_of_the_race
     assert checks(roots) == [("rank0-checkpoint", ["rank-failure"])]
     other = link([race, finding("rank-failure", rank=0, secondary_only=False)])
     assert checks(other) == [("rank0-checkpoint", []), ("rank-failure", [])]
+
+
+def test_iteration_counts_a_hang_cut_short_follow_from_the_hang():
+    """A rank stuck in a rank-only barrier ran fewer DDP iterations than its peer, with no loader
+    pass to tell why (cause unknown): the counts are the hang's consequence."""
+    hang = finding("collective-hang", kind="hang", culprit_phase="call")
+    roots = link([hang, finding("uneven-inputs", cause="unknown")])
+    assert checks(roots) == [("collective-hang", ["uneven-inputs"])]

@@ -257,6 +257,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         # Keyed by where the loader was built, so a loader re-created every epoch is one loader.
         key = f"{site[0]['file']}:{site[0]['line']}" if site else "loader"
         if training_passes.get(key):
+            rec.passes = max(rec.passes, training_passes[key])  # the live view's epoch without set_epoch
             bounds.before_pass(rec, training_passes[key])  # --max-epochs: raises RunCut at this boundary
         number = pass_counts.get(key, 0)
         pass_counts[key] = number + 1
@@ -301,6 +302,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def wrap_next(original):
         def __next__(self):
+            started = time.perf_counter()
             try:
                 batch = original(self)
             except StopIteration:
@@ -309,6 +311,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                     finish(current, complete=True)
                 _notify(rec, "ended", self, True)
                 raise
+            rec.timing.data_wait_s += time.perf_counter() - started
             current = self.__dict__.get("_ddpdoctor_pass")
             if current is not None and current.open:
                 current.yielded()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -47,6 +48,8 @@ class DDPState:
     last_emitted_unused: Optional[frozenset] = None
     usage_dirty: bool = False
     last_forward_site: list = field(default_factory=list)  # the user's line of the last DDP forward
+    expected_grads: int = 0  # parameters that got a gradient in the last closed iteration (0: all)
+    arrived: int = 0  # gradients that arrived since the last training forward
 
     def forward_counts(self) -> tuple[int, int, int]:
         return self.synced_forwards, self.unsynced_forwards, self.inner_forwards
@@ -60,6 +63,7 @@ class DDPState:
         if not self.fired:  # no backward ran: DDP does not mind either
             return
         unused = frozenset(range(len(self.names))) - self.fired
+        self.expected_grads = len(self.fired)
         self.fired.clear()  # cleared in place: the gradient hooks hold this very set
         self.iterations += 1
         for i in unused:
@@ -140,6 +144,10 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
                                   training=module.training, site=state.last_forward_site))
         if not grad:  # evaluation forwards never reduce gradients
             return
+        if rec.timing.forward is None:
+            rec.timing.forward = time.time()
+        rec.gradients_complete = False
+        state.arrived = 0
         with rec.guard(PROBE, "forward"):
             state.close_iteration(rec)
             if module.require_backward_grad_sync:
@@ -186,6 +194,15 @@ def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tenso
         rec.clock.phase = Phase("ddp-backward", ddp=state.index, site=_backward_site(state))
     state.fired.add(index)
     rec.progress += 1
+    state.arrived += 1
+    timing = rec.timing
+    if timing.backward is None:
+        timing.backward = time.time()
+    if state.arrived == (state.expected_grads or len(state.names)):
+        # Every parameter that got a gradient last iteration has one again: the rest of a synchronized
+        # backward is DDP's gradient all-reduce (the live view says so instead of "computing").
+        timing.backward_end = time.time()
+        rec.gradients_complete = state.iteration_open
 
 
 def _backward_site(state: DDPState) -> list:
