@@ -136,6 +136,10 @@ def analyze(evidence: Evidence) -> CheckResult:
             message=f"ranks ran different numbers of batches ({_counts(counts)}) inside Join, which handles it",
             fix="Nothing to do.", evidence={"batches": {str(r): c for r, c in sorted(counts.items())}})])
     cause = _cause(per_rank, counts)
+    if cause == "unknown" and stop is not None and stop.reason in ("hang", "no-progress"):
+        # No loader pass tells why: the counts differ because ddpdoctor stopped the ranks mid-way
+        # (one waits in a collective, one is stuck elsewhere). collective-hang reports that.
+        return CheckResult(summary="iteration counts cut short where the job was stopped (collective-hang)")
     if per_rank:
         where, unit = f"training pass {key[1] + 1} over the DataLoader", "training batches"
     elif key[0] == "DDP iterations":

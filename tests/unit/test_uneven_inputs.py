@@ -168,3 +168,13 @@ def test_an_interrupted_job_draws_nothing_from_its_cut_counts():
     stop = stop_snapshot({0: {}, 1: {}}, {}, reason="interrupted", signal="SIGINT")
     evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {0: [_usage(6)], 1: [_usage(5)]}), stop=stop)
     assert analyze(evidence).status == "skip"
+
+
+def test_counts_a_stall_cut_short_with_no_loader_to_explain_them_are_no_finding():
+    """One rank stuck in its own code, the other in DDP's all-reduce one iteration ahead: the
+    counts differ only because ddpdoctor stopped them; collective-hang reports the stall."""
+    stop = stop_snapshot({0: {}, 1: {}}, {}, reason="no-progress")
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {0: [_usage(4)], 1: [_usage(3)]}), stop=stop,
+                             outcome="hung")
+    result = analyze(evidence)
+    assert result.findings == [] and "cut short" in result.summary
