@@ -100,9 +100,9 @@ def _end(evidence: Evidence, rank: int, t0: float) -> Optional[dict]:
     failure = next((f for f in evidence.failures if f.rank == rank), None)
     stop = evidence.stop
     if stop is not None and stop.t:
-        who = "the flight recorder dumps" if evidence.observations.launch_mode == "post-mortem" else "ddpdoctor"
-        verb = "taken" if who != "ddpdoctor" else "stopped"
-        return {"t": _r(stop.t, t0), "kind": "stopped", "detail": f"{verb} by {who} ({stop.reason})"}
+        detail = (f"flight recorder dump ({stop.reason})" if evidence.observations.launch_mode == "post-mortem"
+                  else f"stopped by ddpdoctor ({stop.reason})")
+        return {"t": _r(stop.t, t0), "kind": "stopped", "detail": detail}
     if failure is not None:
         last = ev.events[-1].t if ev.events else failure.t
         detail = failure.signal or f"exit code {failure.exitcode}"
