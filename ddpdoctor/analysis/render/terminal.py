@@ -158,11 +158,14 @@ def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table
             table.add_row(f"#{n}" + (" ← first divergence" if n == divergence else ""),
                           *[calls.get(str(n), "never called") for _, calls in ranks])
         return table
-    table.add_column("rank")
+    table.add_column("ranks")
     for n in numbers:
         table.add_column(f"#{n}" + (" ← first divergence" if n == divergence else ""))
+    rows: dict[tuple, list[int]] = {}  # ranks with the same calls share a row: a thousand ranks fit a screen
     for rank, calls in ranks:
-        table.add_row(rank, *[calls.get(str(n), "never called") for n in numbers])
+        rows.setdefault(tuple(calls.get(str(n), "never called") for n in numbers), []).append(int(rank))
+    for cells, members in rows.items():
+        table.add_row(ranks_text(members), *cells)
     return table
 
 
