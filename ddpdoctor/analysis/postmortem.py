@@ -18,14 +18,13 @@ state the dumps were taken in becomes the monitor's :class:`StopSnapshot`:
 
 from __future__ import annotations
 
-import gc
 import glob
 import os
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor.analysis import elastic
-from ddpdoctor.analysis.evidence import Evidence, RankEvidence
+from ddpdoctor.analysis.evidence import Evidence, RankEvidence, no_cyclic_gc
 from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
 from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
 from ddpdoctor.analysis.fr_pack import Packer, Unpacker
@@ -141,15 +140,12 @@ def convert_chunk(paths: list[str]) -> tuple:
     group_ranks: dict[str, list] = {}
     interner = Interner()
     packer = Packer()
-    gc.disable()  # millions of short-lived containers: the cyclic collector only slows reading them
-    try:
+    with no_cyclic_gc():
         out = []
         for path in paths:
             result = _convert_path(path, group_ranks, interner)
             out.append(result if result[0] == "bad" else (*result[:5], packer.pack(result[5], group_ranks)))
         return packer.tables, out
-    finally:
-        gc.enable()
 
 
 def _convert_path(path: str, group_ranks: dict[str, list], interner: Interner) -> tuple:

@@ -16,7 +16,7 @@ import time
 from typing import Optional
 
 from ddpdoctor import __version__
-from ddpdoctor.analysis.evidence import Evidence, parse_lines
+from ddpdoctor.analysis.evidence import Evidence, no_cyclic_gc, parse_lines
 from ddpdoctor.analysis.report import Report, build_report
 from ddpdoctor.analysis.runner import analyze
 from ddpdoctor.analysis.suppression import scan_files
@@ -125,12 +125,13 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
     checks = config.checks()  # first: plugins register their event kinds before the evidence is read
     pool: dict[str, str] = {}  # one copy of the fingerprints replicas share
-    evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),
-                                       observations=observations, script=script)
-    analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
-    return build_report(evidence, analysis, version=__version__,
-                        script=None if config.is_reference else script, argv=list(config.script_args),
-                        duration_s=time.monotonic() - started)
+    with no_cyclic_gc():
+        evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),
+                                           observations=observations, script=script)
+        analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
+        return build_report(evidence, analysis, version=__version__,
+                            script=None if config.is_reference else script, argv=list(config.script_args),
+                            duration_s=time.monotonic() - started)
 
 
 def _source_files(evidence: Evidence, script: str) -> set[str]:

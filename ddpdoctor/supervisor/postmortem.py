@@ -8,7 +8,6 @@ checkpoints, and the other checks would report their absence as a problem.
 from __future__ import annotations
 
 import contextlib
-import gc
 import multiprocessing
 import os
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor import __version__
+from ddpdoctor.analysis.evidence import no_cyclic_gc
 from ddpdoctor.analysis.postmortem import PostMortem, load
 from ddpdoctor.analysis.registry import load_checks
 from ddpdoctor.analysis.report import Report, build_report
@@ -52,13 +52,10 @@ def analyze(paths: list[str], *, world_size: Optional[int] = None, select: Itera
             ignore: Iterable[str] = ()) -> PostMortemReport:
     """Diagnose the job whose files are in ``paths`` (ValueError for unusable input)."""
     started = time.monotonic()
-    gc.disable()  # millions of containers, no cycles among them: the collector only costs time here
-    try:
+    with no_cyclic_gc():
         with _pool() as map_chunks:
             postmortem = load(paths, classify=classify, world_size=world_size, map_chunks=map_chunks)
         return _report(paths, postmortem, started=started, select=select, ignore=ignore)
-    finally:
-        gc.enable()
 
 
 @contextlib.contextmanager
