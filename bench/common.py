@@ -43,7 +43,8 @@ def run(cmd: list[str], cwd: str, env: dict | None = None, timeout: float = 900)
 
 
 def torchrun(script: Path, *args: str) -> list[str]:
-    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), *args]
+    """Plain torchrun on a free port (--standalone): other jobs on the machine may hold 29500."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
 
 
 def doctor(script: Path | None, *options: str, script_args: tuple[str, ...] = ()) -> list[str]:

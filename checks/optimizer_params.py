@@ -15,8 +15,7 @@ from ._common import fmt_ranks, short_site
 
 ID = "optimizer-params"
 STUCK_STEPS = 5  # fingerprinted steps in a row with a gradient and unchanged weights
-MIN_RELATIVE_UPDATE = 1e-5  # below this the update may vanish in the weights' precision: not a bug
-ADAPTIVE = ("Adam", "RMSprop", "Adagrad", "Adadelta", "Adamax", "Lion", "Adafactor", "Lamb", "Muon")
+LOW_PRECISION = ("torch.bfloat16", "torch.float16")
 
 DOCS = """\
 ## What it does
@@ -30,7 +29,9 @@ an optimizer's tensors must be the model's own. It is an error when:
 - some of the model's parameters get gradients but no optimizer steps them (a head replaced
   after the optimizer was built): they are named, with the line where the optimizer was built;
 - a backstop: weights that get non-zero gradients at five fingerprinted steps in a row, with a
-  learning rate large enough to move them, never change.
+  positive learning rate, never change: something writes the same values back before each step
+  (a `load_state_dict` in the loop), the optimizer's update does not reach them, or their
+  bfloat16/float16 precision swallows the updates.
 
 Several optimizers that together cover the model (GANs, actor-critic), ZeroRedundancyOptimizer,
 frozen parameters (`requires_grad=False`), EMA or teacher copies that are not trained through DDP,
@@ -240,7 +241,6 @@ def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
             continue
         grads = decode_fingerprints(step.grads)
         groups = _group_of(info)
-        adaptive = any(a in info.type_name for a in ADAPTIVE)
         for i, (grad, param) in enumerate(zip(grads, params)):
             key = (step.opt, i)
             group = config.groups[groups[i]] if i < len(groups) and groups[i] < len(config.groups) else {}
@@ -249,7 +249,7 @@ def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
             same_written = (written is not None and before[1] is not None and i < len(written) and i < len(before[1])
                             and written[i] is not None and written[i] == before[1][i])
             if (grad is None or not grad[0] or not math.isfinite(grad[0]) or not (same_after or same_written)
-                    or not isinstance(lr, (int, float)) or not _moves(lr, grad, param or [0.0, 0.0], adaptive)):
+                    or not isinstance(lr, (int, float)) or not lr > 0):
                 streaks.pop(key, None)
                 restored.discard(key)
                 continue
@@ -260,13 +260,6 @@ def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
             if len(streak) >= STUCK_STEPS:
                 return _stuck(evidence, rank, info, i, streak, restored=key in restored)
     return None
-
-
-def _moves(lr: float, grad: list, param: list, adaptive: bool) -> bool:
-    """Whether a step of this size should visibly change weights of this magnitude."""
-    update = lr if adaptive else lr * abs(grad[1] if len(grad) > 1 else grad[0])
-    scale = max(abs(param[1]) if len(param) > 1 else 0.0, 1e-12)
-    return update >= MIN_RELATIVE_UPDATE * scale
 
 
 def _config_at(states: list[ConfigState], step: Step) -> Optional[ConfigState]:
@@ -287,23 +280,31 @@ def _group_of(info: OptimizerInfo) -> list[int]:
 def _stuck(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, steps: list[int], *, restored: bool
            ) -> Finding:
     name = info.names[index] if index < len(info.names) else f"param{index}"
+    dtype = info.dtypes[index] if index < len(info.dtypes) else ""
     last = evidence.facts.sampled_steps.get((steps[-1], info.opt), {})
     mine = last.get(rank)
     ranks = tuple(sorted(r for r, e in last.items() if mine is not None and e.params == mine.params)) or (rank,)
     head = (f"`{name}` got non-zero gradients at optimizer steps {steps[0]}-{steps[-1]} ({len(steps)} fingerprinted "
             f"steps) with a learning rate that should move it, but its weights never changed: ")
+    case = "weights-restored" if restored else "weights-never-change"
     if restored:
         message = head + ("something outside the optimizer writes the same values back into it before each step "
                           "(its version counter moved between steps: a `load_state_dict`, a `copy_` of saved weights)")
         fix = ("Do not restore the weights inside the training loop: load a checkpoint once, before training (and "
                "before wrapping the model in DDP).")
+    elif dtype in LOW_PRECISION:
+        case = "updates-below-precision"
+        message = head + (f"its weights are {dtype.replace('torch.', '')}, whose precision swallows updates this "
+                          f"small (each is under half a unit in the last place of the weights)")
+        fix = ("Keep float32 master weights (torch.autocast for the forward, or an optimizer with float32 state and "
+               "weights), or raise the learning rate.")
     else:
         message = head + "the optimizer's update does not reach the tensor the model uses"
         fix = ("Check what the optimizer holds: build it over `model.parameters()` after every change to the model, "
                "and let nothing replace the parameters' data after it was built.")
     return Finding(check=ID, severity="error", message=message, ranks=ranks, location=_site(info), fix=fix,
-                   evidence={"case": "weights-restored" if restored else "weights-never-change", "optimizer": info.opt,
-                             "parameter": name, "steps": steps})
+                   evidence={"case": case, "optimizer": info.opt, "parameter": name, "dtype": dtype or None,
+                             "steps": steps})
 
 
 def analyze(evidence: Evidence) -> CheckResult:

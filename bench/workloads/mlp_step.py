@@ -8,6 +8,7 @@ median is a step without a fingerprint, the mean counts the fingerprinted ones t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -23,8 +24,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=9)
+    parser.add_argument("--pin", action="store_true", help="pin each rank to its own core (steadier timings)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.pin and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", "0")) % len(cores)]})
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     layers: list[nn.Module] = []
@@ -36,23 +41,18 @@ def main() -> None:
     sampler = DistributedSampler(data)
     loader = DataLoader(data, batch_size=32, sampler=sampler)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    times, cpu_times = [], []
+    times = []
     for x, y in loader:
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start = time.perf_counter()
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
-        cpu_times.append(time.process_time() - cpu_start)
-    steady, cpu_steady = times[10:], cpu_times[10:]
+    steady = times[10:]
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"STEP_TIME_MS median {statistics.median(steady) * 1000:.3f} mean {statistics.fmean(steady) * 1000:.3f} "
               f"PARAMS {params} TENSORS {len(list(model.parameters()))}", flush=True)
-        # CPU time of this process per step: what the probes add, without the time spent waiting for
-        # a core on a machine shared with other jobs (wall time) or for the peer (the all-reduce).
-        print(f"STEP_CPU_MS median {statistics.median(cpu_steady) * 1000:.3f} "
-              f"mean {statistics.fmean(cpu_steady) * 1000:.3f}", flush=True)
     dist.destroy_process_group()
 
 

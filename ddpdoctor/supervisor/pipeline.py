@@ -16,7 +16,7 @@ import time
 from typing import Optional
 
 from ddpdoctor import __version__
-from ddpdoctor.analysis.evidence import Evidence, parse_lines
+from ddpdoctor.analysis.evidence import Evidence, no_cyclic_gc, parse_lines
 from ddpdoctor.analysis.report import Report, build_report
 from ddpdoctor.analysis.runner import analyze
 from ddpdoctor.analysis.suppression import scan_files
@@ -60,6 +60,7 @@ def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
         collected = transport.collect()
         collected.failures = _agent_failures(plan.agent_outputs)
         collected.output_tails = router.tail_lists()
+        collected.launcher_log = router.launcher_lines()
         _keep_evidence(config, evidence_dir)
         failed = any(code != 0 for code in job.exit_codes)
         return _report(config, plan, script, collected, result, failed=failed, started=started)
@@ -121,15 +122,16 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
         launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
-        min_busbw_gbps=config.min_busbw_gbps)
+        min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
     checks = config.checks()  # first: plugins register their event kinds before the evidence is read
     pool: dict[str, str] = {}  # one copy of the fingerprints replicas share
-    evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),
-                                       observations=observations, script=script)
-    analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
-    return build_report(evidence, analysis, version=__version__,
-                        script=None if config.is_reference else script, argv=list(config.script_args),
-                        duration_s=time.monotonic() - started)
+    with no_cyclic_gc():
+        evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),
+                                           observations=observations, script=script)
+        analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
+        return build_report(evidence, analysis, version=__version__,
+                            script=None if config.is_reference else script, argv=list(config.script_args),
+                            duration_s=time.monotonic() - started)
 
 
 def _source_files(evidence: Evidence, script: str) -> set[str]:

@@ -101,11 +101,10 @@ def stuck_steps(*, lr=0.1, num_steps=6, change=False, grads=1.0, restored=False)
     ``restored``: fc.weight moves at each step but is written back to 1.0 before the next."""
     events = []
     for n in range(1, num_steps + 1):
-        param = 1.0 + (0.01 * n if change or restored else 0.0)
-        event = step(n, [[grads, grads], [grads, grads]], [[param, param], [2.0 + 0.01 * n, 2.0 + 0.01 * n]],
-                     config=f"c{n}")
+        weight = 1.0 + (0.01 * n if change or restored else 0.0)
+        event = step(n, fp(grads, grads), fp(weight, 2.0 + 0.01 * n), config=f"c{n}")
         if restored and n > 1:
-            event.written = encode_fingerprints([[1.0, 1.0], None])
+            event.written = encode_fingerprints([fp(1.0)[0], None])
         events += [config_state(n, f"c{n}", lr=lr), event]
     return events
 
@@ -134,7 +133,7 @@ def test_weights_written_between_steps_to_new_values_are_fine():
     # Clamping or renormalizing after each step writes the weights, but not back to the same values.
     events = stuck_steps(change=True, num_steps=7)
     for n, event in enumerate(e for e in events if e.kind == "step"):
-        event.written = encode_fingerprints([[1.0 + 0.001 * n, 1.0], None])
+        event.written = encode_fingerprints([fp(1.0 + 0.001 * n)[0], None])
     assert run([ddp_wrap(), optimizer(), trained()], {0: events, 1: events}).findings == []
 
 
@@ -148,9 +147,11 @@ def test_a_param_group_with_lr_zero_is_a_deliberate_freeze():
     assert run(setup, {0: stuck_steps(lr=0.0), 1: stuck_steps(lr=0.0)}).findings == []
 
 
-def test_updates_below_the_weights_precision_are_not_a_bug():
-    setup = [ddp_wrap(), optimizer(), trained()]
-    assert run(setup, {0: stuck_steps(lr=1e-9), 1: stuck_steps(lr=1e-9)}).findings == []
+def test_low_precision_weights_that_swallow_their_updates_say_so():
+    opt = optimizer(dtypes=["torch.bfloat16", "torch.bfloat16"])
+    (finding,) = run([ddp_wrap(), opt, trained()], {0: stuck_steps(), 1: stuck_steps()}).findings
+    assert finding.evidence["case"] == "updates-below-precision"
+    assert "bfloat16" in finding.message and "float32 master weights" in finding.fix
 
 
 def test_fewer_stuck_steps_than_the_threshold_are_not_reported():

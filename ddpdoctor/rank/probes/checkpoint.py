@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from typing import Any, Optional
 
 import torch
@@ -91,12 +92,15 @@ def install(rec: Recorder) -> None:
             _inside.active = True
             try:
                 seq_start = rec.collective_seq
+                started = time.perf_counter()
                 result = original(obj, f, *args, **kwargs)
+                duration = time.perf_counter() - started
                 with rec.guard(PROBE, "torch.save"):
                     path = _path_of(f)
                     rec.emit(Save(path=path, bytes=os.path.getsize(path) if path and os.path.isfile(path) else None,
                                   seq_start=seq_start, seq_end=rec.collective_seq, fingerprint=state_fingerprint(obj),
-                                  module_prefix=module_prefixed(obj), site=callsite.caller_site(3)))
+                                  module_prefix=module_prefixed(obj), site=callsite.caller_site(3),
+                                  dur_s=round(duration, 6)))
                 return result
             finally:
                 _inside.active = False

@@ -14,7 +14,7 @@ Two patterns real code uses shape this probe:
 Every step also compares the param groups' values with the previous step's (a write names its
 line, :mod:`ddpdoctor.rank.probes.config`). Sampled steps carry a digest of what must agree across
 ranks (``Step.config``, the detail in a ``ConfigState`` when it changes), how many gradients
-changed since DDP's all-reduce left them (``Step.touched``, against the norms
+changed since DDP's all-reduce left them (``Step.touched``, against the fingerprints
 :mod:`ddpdoctor.rank.probes.wrapping` took then, written in ``Step.reduced`` when not 0), and the
 parameters written outside the optimizer since its previous step (``Step.written``).
 """
@@ -22,7 +22,9 @@ parameters written outside the optimizer since its previous step (``Step.written
 from __future__ import annotations
 
 import gc
+import struct
 import sys
+import time
 import weakref
 from typing import Callable, Optional
 
@@ -31,10 +33,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpdoctor.rank import bounds, callsite
 from ddpdoctor.rank import fingerprint as fingerprints
+from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes import wrapping
-from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.recorder import Recorder, StepTiming
 from ddpdoctor.schema.events import ConfigState, OptimizerInfo, Step
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
@@ -106,6 +109,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         if state is None:
             state = states[optimizer] = _new_state(rec, len(states), optimizer)
         state.num_steps += 1
+        rec.timing.optimizer = time.time()
         rec.set_activity("optimizer.step")
         state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
         state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
@@ -134,7 +138,8 @@ def install(rec: Recorder) -> Callable[[], None]:
             return
         rec.num_steps += 1
         step = Step(opt=state.index, n=state.num_steps, forwards=state.forwards_since_last_step(),
-                    closure=state.closure)
+                    closure=state.closure, timing=rec.timing.encode(time.time()))
+        rec.timing = StepTiming()
         if state.sampled:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 _fingerprint_step(rec, state, optimizer, step)
@@ -149,6 +154,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def pre_hook(optimizer, args, kwargs):
         with rec.guard(PROBE, "step"):
+            rec.clock.enter(Phase())  # the backward's all-reduces are booked to it; the step is not DDP's
             before_step(optimizer, args, kwargs)
 
     def post_hook(optimizer, args, kwargs):
@@ -188,7 +194,7 @@ def _describe(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Opti
     rec.emit(OptimizerInfo(opt=state.index, type_name=type(optimizer).__name__, names=names, in_ddp=in_ddp,
                            ddp_of=ddp_of, shapes=[list(p.shape) for p in params], site=site,
                            built_at=config_probe.built_site(optimizer), n=max(1, state.num_steps),
-                           group_sizes=list(state.structure)))
+                           group_sizes=list(state.structure), dtypes=[str(p.dtype) for p in params]))
 
 
 def _watch_param_groups(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer) -> None:
@@ -208,7 +214,8 @@ def _capture_config(state: _OptimizerState, optimizer: torch.optim.Optimizer) ->
     scaler = _grad_scaler()
     scale = getattr(scaler, "_scale", None) if scaler is not None and scaler.is_enabled() else None
     if isinstance(scale, torch.Tensor):
-        state.scale = fingerprints.start([scale])
+        # As float64: its fingerprint, a word sum of one 8-byte word, is then the value's bits.
+        state.scale = fingerprints.start([scale.detach().reshape(1)[:1].to(torch.float64)])
     state.config = config_probe.capture(optimizer, sorted(state.owned_ddp), None)
 
 
@@ -227,7 +234,7 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
     grad_values, param_values = resolved.pop(0), resolved.pop(0)
     if state.written is not None:
         step.written = encode_fingerprints(resolved.pop())
-    scale_value = resolved.pop()[0][1] if state.scale is not None else None
+    scale_value = _float_of_bits(resolved.pop()[0][0]) if state.scale is not None else None
     if reduced is not None:
         step.touched, as_reduced = reduced.compare(resolved, grad_values)
         if step.touched:
@@ -241,6 +248,10 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         if digest != state.last_digest:
             state.last_digest = digest
             rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest, **{**detail(), "scale": scale_value}))
+
+
+def _float_of_bits(word: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", word))[0]
 
 
 def _written_since_last_step(state: _OptimizerState, params: list) -> Optional[fingerprints.Pending]:
@@ -268,7 +279,9 @@ def _grad_scaler() -> Optional[torch.amp.GradScaler]:
 def _names_from_live_modules(wanted: set[int]) -> dict[int, str]:
     best: dict[int, tuple[int, str]] = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, torch.nn.Module):
+        # type(), not isinstance(): isinstance reads obj.__class__ on a mismatch, and some objects warn
+        # on any attribute access (torch.distributed.reduce_op's FutureWarning in the script's output).
+        if not issubclass(type(obj), torch.nn.Module):
             continue
         named = list(obj.named_parameters())
         for name, p in named:

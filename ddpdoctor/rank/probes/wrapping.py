@@ -8,7 +8,7 @@ of a divergence, and the gradients as DDP's all-reduce left them.
   its parameters get new storage while DDP's hooks and buckets keep the old. Under the CUDA
   simulation a device move changes nothing on the CPU, so the call itself is recorded;
 - communication hooks (``register_comm_hook``);
-- on sampled iterations, the norms of the gradients at the end of DDP's backward, after its
+- on sampled iterations, the fingerprints of the gradients at the end of DDP's backward, after its
   all-reduce finished and before any user code ran: an autograd callback queued from a hook on the
   forward's output queues a second one, which runs after the callback DDP queues to finish its
   reduction. The optimizer probe compares them with the gradients it fingerprints before the step,
@@ -16,7 +16,7 @@ of a divergence, and the gradients as DDP's all-reduce left them.
   gradients already differed across ranks out of the all-reduce, or were changed afterwards.
 
 Per forward: two module hooks and a flag (a third, the output hook, on sampled iterations only);
-per sampled iteration one read of the gradients (norms only).
+per sampled iteration one more read of the gradients.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ MAX_OUTPUT_HOOKS = 8
 
 @dataclass
 class Snapshot:
-    """The norms of one DDP module's gradients at the end of a synchronized backward."""
+    """The fingerprints of one DDP module's gradients at the end of a synchronized backward."""
 
     pending: fingerprints.Pending
     owner_steps: int  # OWNER_STEPS of this DDP module when taken: valid until one of its optimizers steps
@@ -270,7 +270,7 @@ def _snapshot(rec: Recorder, index: int) -> None:
         wrapped = WRAPPED.get(index)
         if wrapped is None:
             return
-        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start([p.grad for p in wrapped.params], norms_only=True),
+        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start([p.grad for p in wrapped.params]),
                                     owner_steps=OWNER_STEPS.get(index, 0))
         if index not in OWNED:
             NEXT_SAMPLED[index] = False
@@ -307,13 +307,13 @@ class Reduced:
     where: list
 
     def compare(self, resolved: list[list], before_step: list) -> tuple[int, list]:
-        """(how many gradients changed between DDP's all-reduce and the step, their norms as the
-        all-reduce left them as [norm, norm]); an uncovered gradient counts as unchanged."""
+        """(how many gradients changed between DDP's all-reduce and the step, their fingerprints as
+        the all-reduce left them); an uncovered gradient counts as unchanged, with its own value."""
         reduced, changed = [], 0
         for i, w in enumerate(self.where):
             now = before_step[i] if i < len(before_step) else None
-            value = resolved[w[0]][w[1]] if w is not None else (None if now is None else [now[0], now[0]])
-            if (value is None) != (now is None) or (value is not None and value[0] != now[0]):
+            value = resolved[w[0]][w[1]] if w is not None else now
+            if value != now:
                 changed += 1
             reduced.append(value)
         return changed, reduced
