@@ -43,7 +43,7 @@ def run(cmd: list[str], cwd: str, env: dict | None = None, timeout: float = 900)
 
 
 def torchrun(script: Path, *args: str) -> list[str]:
-    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), *args]
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
 
 
 def doctor(script: Path | None, *options: str, script_args: tuple[str, ...] = ()) -> list[str]:

@@ -40,11 +40,16 @@ def main() -> None:
         sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
     _die_with_parent()
     quiet_numpy_warning()
-    # ddpdoctor stops the workers itself and reports why: torchrun's own warnings about it are noise.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+
+    # ddpdoctor stops the workers itself and reports why: torchrun's own warnings about it ("Received
+    # 15 death signal, shutting down workers") are noise. Its modules set their loggers' levels
+    # themselves (LOGLEVEL), so each one is quietened, not only the parent.
+    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
     try:
         run(parse_args(torchrun_args))

@@ -100,23 +100,26 @@ class StopSnapshot:
 
     ``reason``: "hang" (ranks wait in communication and none progresses), "no-progress" (no rank
     progressed for long, but not provably in a collective), "timeout" (--timeout), "interrupted"
-    (SIGINT/SIGTERM to ddpdoctor; ``signal`` names it).
+    (a stop signal reached ddpdoctor: Ctrl-C, SIGTERM, a scheduler's signal; ``signal`` names it,
+    ``signal_rank`` is the rank whose ddpdoctor got it when that was not the reporting process).
     """
 
     reason: str
     threshold_s: float
     ranks: dict = field(default_factory=dict)  # int rank -> RankState
     signal: Optional[str] = None
-    t: float = 0.0  # wall time of the decision: errors raised after it come from stopping the job
+    t: float = 0.0  # wall time of the decision (of the signal): errors raised after it come from stopping the job
+    signal_rank: Optional[int] = None
 
     def to_json(self) -> dict:
         return {"reason": self.reason, "threshold_s": self.threshold_s, "signal": self.signal, "t": self.t,
+                "signal_rank": self.signal_rank,
                 "ranks": {str(r): s.to_json() for r, s in sorted(self.ranks.items())}}
 
     @classmethod
     def from_json(cls, data: dict) -> "StopSnapshot":
         return cls(reason=data["reason"], threshold_s=float(data.get("threshold_s") or 0.0), signal=data.get("signal"),
-                   t=float(data.get("t") or 0.0),
+                   t=float(data.get("t") or 0.0), signal_rank=data.get("signal_rank"),
                    ranks={int(r): RankState.from_json(s) for r, s in (data.get("ranks") or {}).items()})
 
     def in_state(self, state: str) -> list[int]:
@@ -146,7 +149,9 @@ class Failure:
 class Observations:
     """Everything the supervisor side knows about the run besides the ranks' own events."""
 
-    outcome: str = "completed"  # completed | failed | hung | timeout
+    # completed | failed | hung | timeout | interrupted (a stop signal: Ctrl-C, SIGTERM, a scheduler's; the
+    # stop snapshot names it, and the counts it cut off are left out of the analysis)
+    outcome: str = "completed"
     world_size: int = 0
     nnodes: int = 1
     launch_mode: str = "torchrun"

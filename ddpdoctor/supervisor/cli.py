@@ -201,7 +201,8 @@ def check(
         return report.exit_code()
     outputs.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
                       junit=opts["junit"], sarif=opts["sarif"], markdown=opts["markdown"], github=opts["github"])
-    return 0 if opts["exit-zero"] else report.exit_code(opts["fail-on"])
+    interrupted = report.outcome == "interrupted"  # 128+signal even with --exit-zero: the run did not finish
+    return 0 if opts["exit-zero"] and not interrupted else report.exit_code(opts["fail-on"])
 
 
 def _reference_nproc(nnodes: int) -> int:
@@ -338,8 +339,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         _fail(str(exc))
     except (getattr(click_exceptions, "Exit", typer.Exit), typer.Exit) as exc:
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        _fail("interrupted")
+    except KeyboardInterrupt:  # before run() took over the signals (it turns them into a report)
+        sys.stderr.write("ddpdoctor: interrupted\n")
+        sys.exit(130)
     except Exception:  # ddpdoctor itself broke: exit 2, never 0 or 1, with the traceback to report
         traceback.print_exc()
         _fail("internal error (the traceback above); the job's processes were stopped")

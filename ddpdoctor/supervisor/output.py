@@ -27,6 +27,7 @@ class OutputRouter:
         self.fixed_rank = fixed_rank
         self.tails: dict[int, collections.deque] = {}
         self._rank_of: dict[tuple[int, int], int] = {}
+        self.muted = False  # set once ddpdoctor stops the job on a signal: what ranks print then is the stop's doing
 
     def learn(self, beats: dict[int, Heartbeat]) -> None:
         for rank, beat in beats.items():
@@ -47,7 +48,8 @@ class OutputRouter:
                 if hook and int(hook.group(1)) == rank:
                     line = line[hook.end():]
                 self.tails.setdefault(rank, collections.deque(maxlen=TAIL_LINES)).append(line)
-            self.sink.output(rank, line)
+            if not self.muted:
+                self.sink.output(rank, line)
 
     def tail_lists(self) -> dict[int, list[str]]:
         return {rank: list(lines) for rank, lines in self.tails.items()}

@@ -27,6 +27,7 @@ from ddpdoctor.supervisor.display import Display, NullDisplay
 from ddpdoctor.supervisor.jobs import SubprocessJob
 from ddpdoctor.supervisor.monitor import Monitor, MonitorResult
 from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.signals import StopSignals, exit_code_for, signal_number
 from ddpdoctor.supervisor.transport import Collected, FileTransport, read_json
 
 __all__ = ["run", "NoEvidence"]
@@ -37,20 +38,28 @@ class NoEvidence(RuntimeError):
 
 
 def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
-    """Run the job ``config`` describes under ddpdoctor's probes and return the report."""
+    """Run the job ``config`` describes under ddpdoctor's probes and return the report.
+
+    A stop signal (Ctrl-C, SIGTERM, a scheduler's) at any point before the job ends, start-up
+    included, stops every rank and returns a report with outcome "interrupted" (signals.py)."""
     display = display or NullDisplay()
+    with StopSignals() as signals:
+        return _run(config, display, signals)
+
+
+def _run(config: RunConfig, display: Display, signals: StopSignals) -> Report:
     script = config.script_path()
     started = time.monotonic()
     evidence_dir = tempfile.mkdtemp(prefix="ddpdoctor-")
     try:
         plan = launch.build_plan(config, script, evidence_dir)
         if plan.mode == "existing-launch":
-            return _run_in_existing_launch(config, plan, script, evidence_dir, display, started)
+            return _run_in_existing_launch(config, plan, script, evidence_dir, display, started, signals)
         job = SubprocessJob(plan.commands, plan.env, env_per_command=plan.env_per_command)
         router = OutputRouter(display, nproc_per_node=config.nproc_per_node)
         transport = FileTransport(evidence_dir)
         monitor = Monitor(transport=transport, display=display, router=router, hang_timeout_s=config.hang_timeout_s,
-                          timeout_s=config.timeout_s, world_size=plan.world_size)
+                          timeout_s=config.timeout_s, world_size=plan.world_size, signals=signals)
         job.start()
         try:
             result = monitor.watch(job)
@@ -68,25 +77,27 @@ def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
 
 
 def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: str, evidence_dir: str,
-                            display: Display, started: float) -> Report:
+                            display: Display, started: float, signals: StopSignals) -> Report:
     from ddpdoctor.supervisor.store import StoreRelay, StoreTransport, WorldJob, connect
 
     rank, world_size = int(os.environ["RANK"]), plan.world_size
+    if rank != 0:
+        display = _PeerDisplay(display)  # rank 0 speaks for the job; a peer shows its rank's output only
     store = connect(rank, world_size)
     child = SubprocessJob(plan.commands, plan.env)
     router = OutputRouter(display, nproc_per_node=1, fixed_rank=rank)
-    relay = StoreRelay(store, rank, FileTransport(evidence_dir), child)
+    relay = StoreRelay(store, rank, FileTransport(evidence_dir), child, signals=signals)
     child.start()
     relay.start()
     try:
         if rank != 0:
             # Rank 0 judges hangs for the whole job; here only output and signals are handled.
             result = Monitor(transport=FileTransport(evidence_dir), display=display, router=router,
-                             hang_timeout_s=None, timeout_s=None, detect_hangs=False).watch(child)
+                             hang_timeout_s=None, timeout_s=None, detect_hangs=False, signals=signals).watch(child)
         else:
             transport = StoreTransport(store, world_size)
             monitor = Monitor(transport=transport, display=display, router=router, world_size=world_size,
-                              hang_timeout_s=config.hang_timeout_s, timeout_s=config.timeout_s)
+                              hang_timeout_s=config.hang_timeout_s, timeout_s=config.timeout_s, signals=signals)
             result = monitor.watch(WorldJob(child, transport))
             if result.stop is not None:
                 transport.abort()
@@ -97,13 +108,19 @@ def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: 
     relay.finish(exit_code=code if code >= 0 else 128 - code, tail=router.tail_lists().get(rank, []))
     if rank != 0:
         # Once rank 0 holds this rank's evidence, its report and exit code speak for the whole job;
-        # exiting 0 here keeps a launcher from stopping rank 0 while it writes the report.
+        # exiting 0 here keeps a launcher from stopping rank 0 while it writes the report. A stop
+        # signal makes every task exit 128+signal, so a scheduler sees each one interrupted.
         reported = relay.wait_for_report()
+        stopped = result.stop is not None and result.stop.reason == "interrupted"
+        if stopped:
+            exit_code = exit_code_for(signal_number(result.stop.signal or "") or 15)
+        else:
+            exit_code = 0 if reported else (code if code >= 0 else 128 - code)
         return Report(version=__version__, script=None if config.is_reference else script,
                       argv=list(config.script_args), world_size=world_size, nnodes=1, backend="", device="",
-                      outcome="completed" if code == 0 else "failed", duration_s=time.monotonic() - started,
-                      launch_mode=plan.mode, role="peer",
-                      peer_exit_code=0 if reported else (code if code >= 0 else 128 - code))
+                      outcome="interrupted" if stopped else "completed" if code == 0 else "failed",
+                      duration_s=time.monotonic() - started, launch_mode=plan.mode, role="peer",
+                      peer_exit_code=exit_code)
     collected = transport.collect()
     _keep_evidence(config, evidence_dir, collected)
     try:
@@ -113,9 +130,20 @@ def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: 
         transport.reported()  # after the report is built: the caller renders and writes it at once
 
 
+class _PeerDisplay(NullDisplay):
+    """A non-zero rank's display inside an existing launch: its rank's output, no notices or live view."""
+
+    def __init__(self, display: Display) -> None:
+        self.display = display
+
+    def output(self, rank: Optional[int], line: str) -> None:
+        self.display.output(rank, line)
+
+
 def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: Collected, result: MonitorResult, *,
             failed: bool, started: float) -> Report:
-    if not any(collected.processes):
+    interrupted = result.stop is not None and result.stop.reason == "interrupted"
+    if not any(collected.processes) and not interrupted:  # stopped during start-up: still a report, "interrupted"
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
@@ -148,7 +176,8 @@ def _source_files(evidence: Evidence, script: str) -> set[str]:
 def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> str:
     if stop is None:
         return "failed" if failed else "completed"
-    return {"hang": "hung", "no-progress": "hung", "timeout": "timeout"}.get(stop.reason, "failed")
+    return {"hang": "hung", "no-progress": "hung", "timeout": "timeout",
+            "interrupted": "interrupted"}.get(stop.reason, "failed")
 
 
 def _nnodes(config: RunConfig, plan: launch.LaunchPlan) -> int:

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from ddpdoctor.schema.observations import Failure, Heartbeat, StackDump
 from ddpdoctor.supervisor.jobs import SubprocessJob
+from ddpdoctor.supervisor.signals import StopSignals
 from ddpdoctor.supervisor.transport import STACK_WAIT_S, Collected, FileTransport
 
 CONNECT_TIMEOUT_S = 60.0
@@ -58,15 +59,26 @@ def _unpack(data: bytes) -> list[list[str]]:
 class StoreRelay(threading.Thread):
     """In every rank's ddpdoctor: the local child's heartbeats, stacks and events, into the store."""
 
-    def __init__(self, store: Any, rank: int, local: FileTransport, child: SubprocessJob) -> None:
+    def __init__(self, store: Any, rank: int, local: FileTransport, child: SubprocessJob, *,
+                 signals: Optional[StopSignals] = None) -> None:
         super().__init__(name="ddpdoctor-store-relay", daemon=True)
         self.store = store
         self.rank = rank
         self.local = local
         self.child = child
+        self.signals = signals
         self.aborted = threading.Event()
         self._stop_event = threading.Event()
         self._last_token = ""
+        self._signal_sent = False
+
+    def _publish_signal(self) -> None:
+        """A stop signal this rank's ddpdoctor got: rank 0 stops the whole job for it (signals.py)."""
+        if self._signal_sent or self.rank == 0 or self.signals is None or self.signals.received is None:
+            return
+        self._signal_sent = True
+        self.store.set("signal", json.dumps({"signal": self.signals.name, "rank": self.rank,
+                                             "t": self.signals.received_at}))
 
     def run(self) -> None:
         while not self._stop_event.wait(RELAY_PERIOD_S):
@@ -76,6 +88,7 @@ class StoreRelay(threading.Thread):
                 return
 
     def tick(self) -> None:
+        self._publish_signal()
         beats = self.local.heartbeats()
         beat = beats.get(self.rank) or next(iter(beats.values()), None)
         if beat is not None:
@@ -98,6 +111,7 @@ class StoreRelay(threading.Thread):
         """Stop relaying, then leave this rank's events, output tail and exit code in the store."""
         self._stop_event.set()
         self.join(timeout=5)
+        self._publish_signal()
         self.store.set(f"events/{self.rank}", _pack(self.local.collect()))
         self.store.set(f"tail/{self.rank}", json.dumps(tail))
         self.store.set(f"exit/{self.rank}", str(exit_code))
@@ -158,6 +172,13 @@ class StoreTransport:
                         stacks[rank] = StackDump.from_json(data)
             time.sleep(0.05)
         return stacks
+
+    def interrupted(self) -> Optional[tuple[str, float, Optional[int]]]:
+        """(signal, wall time, rank) once a peer's ddpdoctor got a stop signal."""
+        if not self.store.check(["signal"]):
+            return None
+        data = json.loads(self.store.get("signal"))
+        return data.get("signal") or "signal", float(data.get("t") or time.time()), data.get("rank")
 
     def exited(self, rank: int) -> bool:
         return self.store.check([f"exit/{rank}"])

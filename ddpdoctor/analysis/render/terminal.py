@@ -120,6 +120,8 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
         unit = "optimizer steps" if cut["reason"] == "max-steps" else "training epochs"
         console.print(Text(f"run cut on purpose after {cut['at']} {unit} (--{cut['reason']}): the checks judged "
                            "what ran until then"))
+    if data.get("interruption"):
+        _render_interruption(console, data["interruption"])
     for finding in data["findings"]:
         _render_finding(console, finding, plain=plain)
     for entry in data.get("suppressed", []):
@@ -171,9 +173,30 @@ def _render_finding(console: Console, finding: dict, *, plain: bool) -> None:
 render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
 
 
+def _render_interruption(console: Console, interruption: dict) -> None:
+    """Which signal stopped the run, what the checks did not judge, where each rank was."""
+    who = f" (sent to rank {interruption['rank']})" if interruption.get("rank") is not None else ""
+    if interruption.get("during") == "start-up":
+        console.print(Text(f"interrupted by {interruption.get('signal')}{who} during start-up, before any rank "
+                           "ran the script: nothing to check", style="bold"))
+        return
+    left = interruption.get("left_out_summary")
+    console.print(Text(f"interrupted by {interruption.get('signal')}{who}: the checks judged what every rank completed "
+                       "before it" + (f" (left out: {left})" if left else ""), style="bold"))
+    table = _rank_table(interruption.get("ranks") or {})
+    if table is not None:
+        table.title, table.title_justify = "where each rank was", "left"
+        console.print(Padding(table, (0, 0, 0, 4), expand=False))
+
+
 def verdict(report: Report, fail_on: str = "warning") -> str:
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in ("error", "warning", "info")}
     tally = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
+    if report.outcome == "interrupted":
+        signal = (report.interruption or {}).get("signal") or "a signal"
+        if (report.interruption or {}).get("during") == "start-up":
+            return f"verdict: INTERRUPTED by {signal} during start-up: nothing was checked"
+        return f"verdict: INTERRUPTED by {signal}: {tally} in what ran before it"
     if report.exit_code(fail_on):
         return f"verdict: NOT OK: {tally}"
     if counts["error"] or counts["warning"]:
