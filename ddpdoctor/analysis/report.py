@@ -82,6 +82,7 @@ class Report:
     # reporting one), "during" ("start-up" before any rank ran the script, else "run"), "left_out"
     # (what the stop cut off, not judged), "ranks" (where each rank was)}
     interruption: Optional[dict] = None
+    launch: dict = field(default_factory=dict)  # how the ranks were launched (Observations.launch): mode, detection, Slurm job
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -142,6 +143,7 @@ class Report:
             "collective_benchmark": self.collective_benchmark,
             "device_simulation": self.device_simulation,
             "interruption": self.interruption,
+            "launch": self.launch,
         }
 
     @classmethod
@@ -165,6 +167,7 @@ class Report:
             collective_benchmark=data.get("collective_benchmark"),
             device_simulation=data.get("device_simulation"),
             interruption=data.get("interruption"),
+            launch=dict(data.get("launch") or {}),
         )
 
 
@@ -242,6 +245,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         collective_benchmark=collective_benchmark(evidence),
         device_simulation=device_simulation(evidence),
         interruption=interruption_of(evidence, analysis),
+        launch=observations.launch,
     )
 
 

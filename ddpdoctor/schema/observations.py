@@ -155,6 +155,9 @@ class Observations:
     world_size: int = 0
     nnodes: int = 1
     launch_mode: str = "torchrun"
+    # {"mode", "detected" (existing launch: "torchrun" | "slurm" | "environment"), "exported" (variables ddpdoctor
+    # set for the script), "scheduler" ({"name": "slurm", "job_id", "step_id", "nodes", "num_tasks", ...})}
+    launch: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)  # [Failure]
     stop: Optional[StopSnapshot] = None
     timeout_s: Optional[float] = None
@@ -165,7 +168,7 @@ class Observations:
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
-                "launch_mode": self.launch_mode, "failures": [f.to_json() for f in self.failures],
+                "launch_mode": self.launch_mode, "launch": self.launch, "failures": [f.to_json() for f in self.failures],
                 "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
                 "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
                 "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls],
@@ -175,6 +178,7 @@ class Observations:
     def from_json(cls, data: dict) -> "Observations":
         return cls(outcome=data.get("outcome", "completed"), world_size=int(data.get("world_size") or 0),
                    nnodes=int(data.get("nnodes") or 1), launch_mode=data.get("launch_mode", "torchrun"),
+                   launch=dict(data.get("launch") or {}),
                    failures=[Failure.from_json(f) for f in data.get("failures") or []],
                    stop=StopSnapshot.from_json(data["stop"]) if data.get("stop") else None,
                    timeout_s=data.get("timeout_s"),

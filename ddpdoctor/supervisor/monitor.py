@@ -92,7 +92,7 @@ class Monitor:
                 by = "" if rank is None else f" (sent to rank {rank})"
                 self.display.notice(f"received {name}{by}: stopping every rank")
                 self.router.route(job.drain())
-                self.router.muted = True  # tracebacks of ranks being stopped are noise, kept only in the tails
+                self.router.muted = True  # what the ranks print while being stopped is noise (kept in the tails)
                 result.stop = self._snapshot("interrupted", live, now, signal_name=name)
                 result.stop.t = at  # what ranks raise or print from here on is the stop's doing
                 result.stop.signal_rank = rank
@@ -133,6 +133,9 @@ class Monitor:
             stall = snapshot
         if stall is not None:
             result.stalls.append(stall)
+        if result.stop is not None:
+            self.router.route(job.drain())
+            self.router.muted = True  # what the ranks print while ddpdoctor stops them is noise (kept in the tails)
         return result
 
     def _poll(self, now: float) -> dict[int, Heartbeat]:

@@ -80,13 +80,15 @@ def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: 
                             display: Display, started: float, signals: StopSignals) -> Report:
     from ddpdoctor.supervisor.store import StoreRelay, StoreTransport, WorldJob, connect
 
-    rank, world_size = int(os.environ["RANK"]), plan.world_size
+    assert plan.existing is not None
+    rank, world_size = plan.existing.rank, plan.world_size
     if rank != 0:
         display = _PeerDisplay(display)  # rank 0 speaks for the job; a peer shows its rank's output only
-    store = connect(rank, world_size)
+    store = connect(plan.existing)
     child = SubprocessJob(plan.commands, plan.env)
     router = OutputRouter(display, nproc_per_node=1, fixed_rank=rank)
-    relay = StoreRelay(store, rank, FileTransport(evidence_dir), child, signals=signals)
+    relay = StoreRelay(store, rank, FileTransport(evidence_dir), child, signals=signals,
+                       on_abort=lambda: setattr(router, "muted", True))  # rank 0 stops the job: what follows is noise
     child.start()
     relay.start()
     try:
@@ -117,7 +119,8 @@ def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: 
         else:
             exit_code = 0 if reported else (code if code >= 0 else 128 - code)
         return Report(version=__version__, script=None if config.is_reference else script,
-                      argv=list(config.script_args), world_size=world_size, nnodes=1, backend="", device="",
+                      argv=list(config.script_args), world_size=world_size, nnodes=plan.existing.nnodes,
+                      backend="", device="",
                       outcome="interrupted" if stopped else "completed" if code == 0 else "failed",
                       duration_s=time.monotonic() - started, launch_mode=plan.mode, role="peer",
                       peer_exit_code=exit_code)
@@ -147,7 +150,7 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
-        launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
+        launch_mode=plan.mode, launch=_launch_info(plan), failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
         min_busbw_gbps=config.min_busbw_gbps)
     checks = config.checks()  # first: plugins register their event kinds before the evidence is read
@@ -181,12 +184,18 @@ def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> str:
 
 
 def _nnodes(config: RunConfig, plan: launch.LaunchPlan) -> int:
-    if plan.mode != "existing-launch":
-        return config.nnodes
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        return 1
+    return plan.existing.nnodes if plan.existing is not None else config.nnodes
+
+
+def _launch_info(plan: launch.LaunchPlan) -> dict:
+    """For the report: the mode, how an existing launch was detected, and the cluster job."""
+    info: dict = {"mode": plan.mode}
+    if plan.existing is not None:
+        info["detected"] = plan.existing.detected
+        info["exported"] = sorted(plan.existing.exported)
+    if plan.scheduler is not None:
+        info["scheduler"] = plan.scheduler
+    return info
 
 
 def _agent_failures(paths: list[str]) -> list[Failure]:

@@ -14,38 +14,49 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import uuid
 import zlib
 from datetime import timedelta
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ddpdoctor.schema.observations import Failure, Heartbeat, StackDump
 from ddpdoctor.supervisor.jobs import SubprocessJob
 from ddpdoctor.supervisor.signals import StopSignals
 from ddpdoctor.supervisor.transport import STACK_WAIT_S, Collected, FileTransport
 
+if TYPE_CHECKING:
+    from ddpdoctor.supervisor.launch import ExistingLaunch
+
 CONNECT_TIMEOUT_S = 60.0
 GATHER_WAIT_S = 60.0
 REPORT_WAIT_S = 120.0
 STALE_S = 10.0
+GOODBYE_WAIT_S = 5.0
+ABORT_WAIT_S = 3.0
 RELAY_PERIOD_S = 0.5
 
 
-def connect(rank: int, world_size: int) -> Any:
+def connect(launch: "ExistingLaunch") -> Any:
     """A client of the job's store (on rank 0 without torchrun's agent store, also its server)."""
-    from torch.distributed import PrefixStore, TCPStore
-
-    address = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    quiet = "torch" not in sys.modules and "TORCH_CPP_LOG_LEVEL" not in os.environ
+    if quiet:  # c10d's C++ warnings (a peer's store connection closing) are read once, at torch's import
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        from torch.distributed import PrefixStore, TCPStore
+    finally:
+        if quiet:
+            del os.environ["TORCH_CPP_LOG_LEVEL"]
     timeout = timedelta(seconds=CONNECT_TIMEOUT_S)
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = TCPStore(address, int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    if launch.agent_store:
+        store = TCPStore(launch.master_addr, launch.master_port, is_master=False, timeout=timeout)
     else:
-        port = int(os.environ.get("DDPDOCTOR_STORE_PORT") or int(os.environ.get("MASTER_PORT", "29500")) + 1)
-        store = TCPStore(address, port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or "default"
-    return PrefixStore(f"ddpdoctor/{run_id}/", store)
+        port = int(os.environ.get("DDPDOCTOR_STORE_PORT") or launch.master_port + 1)
+        store = TCPStore(launch.master_addr, port, launch.world_size, is_master=launch.rank == 0, timeout=timeout,
+                         wait_for_workers=False)
+    return PrefixStore(f"ddpdoctor/{launch.run_id}/", store)
 
 
 def _pack(collected: Collected) -> bytes:
@@ -60,13 +71,14 @@ class StoreRelay(threading.Thread):
     """In every rank's ddpdoctor: the local child's heartbeats, stacks and events, into the store."""
 
     def __init__(self, store: Any, rank: int, local: FileTransport, child: SubprocessJob, *,
-                 signals: Optional[StopSignals] = None) -> None:
+                 signals: Optional[StopSignals] = None, on_abort: Optional[Callable[[], None]] = None) -> None:
         super().__init__(name="ddpdoctor-store-relay", daemon=True)
         self.store = store
         self.rank = rank
         self.local = local
         self.child = child
         self.signals = signals
+        self.on_abort = on_abort
         self.aborted = threading.Event()
         self._stop_event = threading.Event()
         self._last_token = ""
@@ -105,6 +117,8 @@ class StoreRelay(threading.Thread):
                     self.store.set(f"stack/{self.rank}", json.dumps({**dump.to_json(), "token": token}))
         if not self.aborted.is_set() and self.store.check(["abort"]):
             self.aborted.set()
+            if self.on_abort is not None:
+                self.on_abort()
             self.child.stop()
 
     def finish(self, *, exit_code: int, tail: list[str]) -> None:
@@ -123,6 +137,7 @@ class StoreRelay(threading.Thread):
         while time.monotonic() < deadline:
             try:
                 if self.store.check(["reported"]):
+                    self.store.add("goodbyes", 1)  # the last request: rank 0 may close the store after it
                     return True
             except Exception:
                 return False
@@ -137,6 +152,7 @@ class StoreTransport:
         self.store = store
         self.world_size = world_size
         self._changed: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat t, local time it changed)
+        self._missing: set[int] = set()
 
     def heartbeats(self) -> dict[int, Heartbeat]:
         beats = {}
@@ -199,13 +215,27 @@ class StoreTransport:
                     collected.failures.append(Failure(rank=rank, exitcode=code))
             else:
                 collected.missing_ranks.append(rank)
+        self._missing = set(collected.missing_ranks)
         return collected
 
-    def abort(self) -> None:
+    def abort(self, wait_s: float = ABORT_WAIT_S) -> None:
+        """Tell every rank's ddpdoctor to stop its rank, and give them a moment to do so before rank 0
+        stops its own: a peer that outlives rank 0's rank only prints "Connection closed by peer"."""
         self.store.set("abort", "1")
+        peers = [r for r in range(1, self.world_size) if self.store.check([f"hb/{r}"])]
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not all(self.exited(r) for r in peers):
+            time.sleep(0.05)
 
-    def reported(self) -> None:
+    def reported(self, wait_s: float = GOODBYE_WAIT_S) -> None:
+        """Tell the peers the report is built, and wait (briefly) until each one that is still there
+        said goodbye: a store that rank 0 closes under a peer's request makes the peer print a C++
+        stack of "Connection was likely closed"."""
         self.store.set("reported", "1")
+        peers = [r for r in range(1, self.world_size) if r not in self._missing]
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and self.store.add("goodbyes", 0) < len(peers):
+            time.sleep(0.05)
 
 
 class WorldJob:

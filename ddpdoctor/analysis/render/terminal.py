@@ -81,6 +81,40 @@ def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table
     return table
 
 
+def launch_line(launch: dict) -> Optional[str]:
+    """How the ranks were launched, when someone else launched them: the launcher, the Slurm job."""
+    scheduler = launch.get("scheduler") or {}
+    detected = launch.get("detected")
+    if not detected and not scheduler:
+        return None
+    parts = []
+    if scheduler.get("name") == "slurm":
+        nodes = scheduler.get("nodes") or []
+        parts.append(f"Slurm job {scheduler.get('job_id')}" + (f", step {scheduler['step_id']}"
+                                                               if scheduler.get("step_id") is not None else "")
+                     + (f", {scheduler['num_tasks']} task(s)" if scheduler.get("num_tasks") else "")
+                     + (f" on {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}" if nodes else ""))
+    how = {"slurm": "a task of the srun step is a rank (" + ", ".join(launch.get("exported") or []) + " set from SLURM_*)",
+           "torchrun": "inside torchrun", "environment": "inside a launch that set RANK and WORLD_SIZE"}.get(detected or "")
+    if how:
+        parts.append(how)
+    return "launch: " + "; ".join(parts)
+
+
+def _nodes_table(ranks: list[dict]) -> Table:
+    """One row per node: its host and its ranks (local ranks in brackets)."""
+    nodes: dict = {}
+    for rank in ranks:
+        nodes.setdefault((rank.get("node"), rank.get("host")), []).append(rank)
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for column in ("node", "host", "ranks (local rank)"):
+        table.add_column(column)
+    for (node, host), members in sorted(nodes.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1] or "")):
+        table.add_row("-" if node is None else str(node), host or "?",
+                      ", ".join(f"{r['rank']} ({r.get('local_rank')})" for r in sorted(members, key=lambda r: r["rank"])))
+    return table
+
+
 def _where(location: dict | None) -> str | None:
     return f"{location['file']}:{location['line']}" if location else None
 
@@ -95,12 +129,12 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     simulation = device_simulation_line(report.device_simulation)
     if simulation:
         console.print(Text(simulation))
-    if data["nnodes"] > 1:
-        nodes: dict = {}
-        for rank in data.get("ranks", []):
-            nodes.setdefault(rank.get("node"), []).append(f"{rank['rank']} (local {rank.get('local_rank')})")
-        console.print(Text("nodes: " + "; ".join(f"node {n}: ranks {', '.join(r)}" for n, r in sorted(
-            nodes.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))))
+    launched = launch_line(data.get("launch") or {})
+    if launched:
+        console.print(Text(launched))
+    hosts = {r.get("host") for r in data.get("ranks", [])}
+    if data["nnodes"] > 1 or len(hosts) > 1:
+        console.print(Padding(_nodes_table(data.get("ranks", [])), (0, 0, 0, 1), expand=False))
     for check in data["checks"]:
         status = check["status"]
         summary = check["summary"] + (f" [incomplete: probe {', '.join(check['incomplete'])} failed]"
