@@ -147,8 +147,8 @@ def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool)
     return env
 
 
-def build_plan(config: RunConfig, script: str, evidence_dir: str) -> LaunchPlan:
-    existing = existing_launch()
+def build_plan(config: RunConfig, script: str, evidence_dir: str, *,
+               existing: Optional[ExistingLaunch] = None) -> LaunchPlan:
     mode = choose_mode(config, script, existing)
     bootstrap = [sys.executable, BOOTSTRAP, script, *config.script_args]
     scheduler = slurm.job(os.environ)

@@ -19,6 +19,12 @@ def _stat(pid: int) -> Optional[tuple[int, int, str]]:
     return int(fields[1]), int(fields[19]), fields[0]
 
 
+def start_time(pid: int) -> Optional[int]:
+    """When ``pid`` started (clock ticks since boot): with the pid, names one process for good."""
+    info = _stat(pid)
+    return info[1] if info else None
+
+
 def descendants(root: int) -> dict[int, int]:
     """{pid: start time} of every live descendant of ``root``."""
     children: dict[int, list[int]] = {}
