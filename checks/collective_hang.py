@@ -63,6 +63,11 @@ def _describe(event: Optional[Collective]) -> str:
     return f"{event.op}{shape} at {short_site(Location.from_site(event.site))}"
 
 
+def _several_hosts(evidence: Evidence) -> bool:
+    """The ranks ran on more than one host: a rank is then named with its host."""
+    return len({ev.host for ev in evidence.ranks.values() if ev.host}) > 1
+
+
 def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
     traces = evidence.facts.world_collectives
     states: dict[str, dict] = {}
@@ -73,7 +78,9 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
         beat = state.heartbeat
         user = [f for f in state.stack if f.get("user")]
         last = (beat.last_collective if beat else None) or _last_traced(traces.get(rank, []))
+        ev = evidence.ranks.get(rank)
         states[str(rank)] = {
+            "host": (ev.host if ev else None) or (beat.host if beat else None) or None,
             "state": state.state,
             "waiting_in": state.waiting_in,
             "activity": beat.activity if beat else None,
@@ -121,7 +128,8 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
         state = states[str(r)]
         where = state.get("where")
         verb = "waits in" if state["state"] == "waiting" else f"is {state['state']} in"
-        lines.append(f"rank {r} {verb} {state.get('waiting_in') or 'its own code'}"
+        on = f" on {state['host']}" if state.get("host") and _several_hosts(evidence) else ""
+        lines.append(f"rank {r}{on} {verb} {state.get('waiting_in') or 'its own code'}"
                      + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
     never = sorted(int(r) for r, s in states.items() if s["state"] == "never started")
     tail = (f"; {fmt_ranks(exited)} had already exited" if exited else "") + \
