@@ -114,15 +114,24 @@ def bench_existing_launch(nprocs: list[int], rounds: int, src: Optional[str]) ->
     with tempfile.TemporaryDirectory() as cwd:
         for n in nprocs:
             plain_s, doctor_s, procs_plain, procs_doctor, rank0_mib, all_mib = [], [], [], [], [], []
-            for _ in range(rounds):
+            retried = 0
+            while len(doctor_s) < rounds:
                 torchrun = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}"]
                 wall, code, sampler, output = _run([*torchrun, str(TINY)], env, cwd)
-                assert code == 0, output[-2000:]
-                plain_s.append(wall)
-                procs_plain.append(sampler.max_procs)
+                if code != 0:  # torch's teardown abort ("terminate called without an active exception"): again
+                    retried += 1
+                    assert retried <= 2 * rounds, output[-3000:]
+                    continue
+                plain_wall, plain_procs = wall, sampler.max_procs
                 wall, code, sampler, output = _run([*torchrun, "-m", "ddpdoctor", "check", str(TINY), "--plain", "-q"],
                                                    env, cwd)
-                assert code == 0 and "verdict: OK" in output, output[-3000:]
+                if code != 0 or "verdict: OK" not in output:
+                    retried += 1
+                    print(f"ddpdoctor run failed, round repeated: {output[-1500:]}", file=sys.stderr)
+                    assert retried <= 2 * rounds, output[-3000:]
+                    continue
+                plain_s.append(plain_wall)
+                procs_plain.append(plain_procs)
                 doctor_s.append(wall)
                 procs_doctor.append(sampler.max_procs)
                 rank0 = [h for pid, h in sampler.hwm.items() if sampler.rank_of.get(pid) == 0]
@@ -131,11 +140,11 @@ def bench_existing_launch(nprocs: list[int], rounds: int, src: Optional[str]) ->
             plain, doctor = statistics.median(plain_s), statistics.median(doctor_s)
             rows.append([n, f"{plain:.1f}", f"{doctor:.1f}", f"{doctor / plain:.2f}x",
                          f"{min(doctor_s) / min(plain_s):.2f}x", f"{max(procs_plain)} / {max(procs_doctor)}",
-                         f"{statistics.median(rank0_mib):.0f}", f"{statistics.median(all_mib):.0f}"])
+                         f"{statistics.median(rank0_mib):.0f}", f"{statistics.median(all_mib):.0f}", retried])
     table(f"inside an existing launch: torchrun --standalone --nproc-per-node N [-m ddpdoctor check] tiny_ddp.py "
           f"({rounds} interleaved rounds, medians; {os.cpu_count()} CPUs)",
           ["ranks", "plain s", "ddpdoctor s", "ratio", "best/best", "processes plain / ddpdoctor",
-           "rank-0 ddpdoctor MiB", "all ddpdoctor MiB"], rows)
+           "rank-0 ddpdoctor MiB", "all ddpdoctor MiB", "rounds repeated"], rows)
 
 
 def main() -> None:
