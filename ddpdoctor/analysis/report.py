@@ -101,6 +101,9 @@ class Report:
         """For tests: raise AssertionError listing every top-level finding at or above ``fail_on``
         (where, what, the fix), so a test fails the way ``--fail-on`` fails a run."""
         __tracebackhide__ = True  # pytest shows the caller's line, not this method's body
+        if self.outcome == "interrupted":  # not clean: it did not finish
+            raise AssertionError(f"ddpdoctor: the run was interrupted by {(self.interruption or {}).get('signal')} "
+                                 "before the job finished")
         found = self.at_or_above(fail_on)
         if not found:
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from builders import (SCRIPT, collective, ddp_wrap, distributed_sampler, distributed_shard, exception, init_pg, loader_pass,
                       make_evidence, optimizer, step, stop_snapshot)
 
@@ -100,3 +101,10 @@ def test_an_interrupt_during_start_up_is_reported_as_such():
     assert report.findings == []
     assert report.interruption["during"] == "start-up"
     assert report.exit_code() == 143
+
+
+def test_an_interrupted_report_is_not_clean():
+    evidence = _evidence("interrupted")
+    report = build_report(evidence, analyze(evidence), version="test", script="train.py", argv=[], duration_s=1.0)
+    with pytest.raises(AssertionError, match="interrupted by SIGINT"):
+        report.assert_clean()
