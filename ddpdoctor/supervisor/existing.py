@@ -126,8 +126,10 @@ def run_rank(plan: LaunchPlan, node: Node, *, display: Display, signals: StopSig
             transport = StoreTransport(store, launch.world_size, num_groups=node.num_groups,
                                        node=directory if node.shared else None, num_local=node.num_local)
     else:
-        peer = LocalPeer(directory, rank, stop_rank=lambda: (mute(), child.stop()), signals=signals,
-                         notice=notices.notice)
+        from ddpdoctor.supervisor.store import ABORT_GRACE_S
+
+        peer = LocalPeer(directory, rank, stop_rank=child.stop, mute=mute, signals=signals, notice=notices.notice,
+                         grace_s=ABORT_GRACE_S)
     (relay or peer).start()  # type: ignore[union-attr]
     try:
         if transport is not None:

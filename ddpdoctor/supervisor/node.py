@@ -123,12 +123,15 @@ class LocalPeer(threading.Thread):
     """A non-leading rank's ddpdoctor: stops its rank when the leader says so, passes its stop
     signal on, and once its rank ended leaves the exit code and waits for the report. No torch."""
 
-    def __init__(self, node: NodeDir, rank: int, *, stop_rank: Callable[[], None],
-                 signals: Optional[StopSignals] = None, notice: Callable[[str], None] = lambda text: None) -> None:
+    def __init__(self, node: NodeDir, rank: int, *, stop_rank: Callable[[], None], mute: Callable[[], None],
+                 signals: Optional[StopSignals] = None, notice: Callable[[str], None] = lambda text: None,
+                 grace_s: float = 1.5) -> None:
         super().__init__(name="ddpdoctor-local-peer", daemon=True)
         self.node = node
         self.rank = rank
         self.stop_rank = stop_rank
+        self.mute = mute
+        self.grace_s = grace_s
         self.signals = signals
         self.notice = notice
         self._finished = threading.Event()
@@ -139,7 +142,9 @@ class LocalPeer(threading.Thread):
     def run(self) -> None:
         while not self._finished.wait(POLL_S):
             self._pass_signal()
-            if self.node.aborted():
+            if self.node.aborted():  # mute now, stop once every ddpdoctor of the job heard of it (store.ABORT_GRACE_S)
+                self.mute()
+                self._finished.wait(self.grace_s)
                 self.stop_rank()
                 return
             if not self._warned and self.node.leader_pid() is None and time.monotonic() - self._began_at > LEADER_WAIT_S:

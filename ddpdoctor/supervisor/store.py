@@ -43,6 +43,7 @@ REPORT_WAIT_S = 120.0
 STALE_S = 10.0
 GOODBYE_WAIT_S = 5.0
 ABORT_WAIT_S = 3.0
+ABORT_GRACE_S = 1.5  # from hearing of an abort to stopping the rank: the abort reaches every node meanwhile
 RELAY_PERIOD_S = 0.5
 QUIET_S = 5.0  # a node's ranks all ended this long ago: stop waiting for their ddpdoctors' exit codes
 
@@ -131,6 +132,9 @@ class NodeRelay(threading.Thread):
             self.node.abort()  # the node's other ranks stop their ranks (node.LocalPeer)
             if self.on_abort is not None:
                 self.on_abort()
+            # Every ddpdoctor mutes its rank's output at once and stops the rank a moment later, when
+            # all have heard of the abort: a rank stopped first makes its peers print "Connection closed".
+            time.sleep(ABORT_GRACE_S)
             self.child.stop()
 
     def _pass_signals(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
-from slurm_cluster import SlurmCluster
+from slurm_cluster import SlurmCluster, TwoNodeSlurm
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ def _doctor(*args: str) -> list[str]:
     return [sys.executable, "-m", "ddpdoctor", "check", *args]
 
 
-def _srun(slurm: SlurmCluster, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def _srun(slurm, tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**slurm.env, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
     return subprocess.run(["srun", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -209,3 +210,57 @@ def test_time_limit_interrupts_the_run(slurm, tmp_path):
     assert "DUE TO TIME LIMIT" in text
     _assert_quiet(text)
     assert _job_processes(job_id) == []
+
+
+# -- two Slurm nodes on one machine (network namespaces): the stretch of issue #23 -------------------
+
+@pytest.fixture(scope="module")
+def two_nodes(slurm):
+    from two_hosts import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no network namespaces here: {reason}")
+    cluster = TwoNodeSlurm()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def shared_dir():
+    """Where the report goes: outside /tmp, which each node has its own of."""
+    path = Path("/run") / f"ddpdoctor-slurm-shared-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_srun_across_two_nodes_is_one_job(two_nodes, shared_dir):
+    proc = _srun(two_nodes, shared_dir, "-N", "2", "-n", "4", "--ntasks-per-node=2",
+                 *_doctor("--json", str(shared_dir / "report.json"), "--plain"))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    report = json.loads((shared_dir / "report.json").read_text())
+    assert report["world_size"] == 4 and report["nnodes"] == 2 and report["outcome"] == "completed"
+    assert [(r["rank"], r["host"], r["node"]) for r in report["ranks"]] == \
+        [(0, "node-1", 0), (1, "node-1", 0), (2, "node-2", 1), (3, "node-2", 1)]
+    assert report["launch"]["scheduler"]["nodes"] == ["node-1", "node-2"]
+    assert output.count("verdict:") == 1
+    _assert_quiet(output)
+
+
+def test_a_hang_on_the_second_node_is_named_by_its_host(two_nodes, shared_dir):
+    proc = _srun(two_nodes, shared_dir, "-N", "2", "-n", "4", "--ntasks-per-node=2",
+                 *_doctor(str(FIXTURES / "hang_barrier_last_rank.py"), "--hang-timeout", "5",
+                          "--json", str(shared_dir / "report.json"), "--plain"))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    report = json.loads((shared_dir / "report.json").read_text())
+    assert report["outcome"] == "hung"
+    (finding,) = [f for f in report["findings"] if f["severity"] == "error"]
+    assert finding["check"] == "collective-hang"
+    assert "rank 3 on node-2 waits in barrier #1 at hang_barrier_last_rank.py" in finding["message"]
+    _assert_quiet(output)

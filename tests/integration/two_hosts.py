@@ -5,7 +5,8 @@ mount namespace (a private /tmp) and UTS namespace (its own hostname). Needs roo
         results = hosts.run({"host-a": cmd_a, "host-b": cmd_b}, timeout_s=120)
 
 ``hosts.address[name]`` is each host's address on the veth link; both names resolve on both hosts
-(``ip netns exec`` puts /etc/netns/<ns>/hosts over /etc/hosts). Everything is removed on exit, on
+(``ip netns exec`` puts /etc/netns/<ns>/hosts over /etc/hosts, and a resolv.conf that fails fast
+instead of waiting for a DNS server the namespace cannot reach). Everything is removed on exit, on
 failure and, for namespaces a killed run left behind, at the next start (their names carry the
 creating process's pid). Used by tests/integration/test_two_hosts.py and bench/two_hosts.py.
 """
@@ -30,6 +31,18 @@ class HostResult:
     host: str
     returncode: int
     output: str
+
+
+def hosts_file(addresses: dict[str, str]) -> str:
+    """/etc/hosts for a namespace: every host by name, also as the IPv4-mapped IPv6 address that
+    c10d's dual-stack sockets look up in reverse (else each lookup asks a DNS server)."""
+    lines = ["127.0.0.1 localhost", "::1 localhost", "::ffff:127.0.0.1 localhost"]
+    for name, address in addresses.items():
+        lines += [f"{address} {name}", f"::ffff:{address} {name}"]
+    return "\n".join(lines) + "\n"
+
+
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -112,12 +125,16 @@ class TwoHosts:
         self.close()
 
     def _create(self) -> None:
-        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address[n]} {n}\n" for n in self.names)
+        hosts = hosts_file({n: self.address[n] for n in self.names})
         for name, ns in self.ns.items():
             _ip("netns", "add", ns)
             os.makedirs(os.path.join(NETNS_ETC, ns), exist_ok=True)
             with open(os.path.join(NETNS_ETC, ns, "hosts"), "w") as f:
                 f.write(hosts)
+            with open(os.path.join(NETNS_ETC, ns, "resolv.conf"), "w") as f:
+                # The machine's DNS server is unreachable from the namespace: every lookup that the
+                # hosts file does not answer (c10d's reverse lookups) would wait out the resolver's timeout.
+                f.write(RESOLV_CONF)
             _ip("-n", ns, "link", "set", "lo", "up")
         a, b = self.names
         _ip("link", "add", self._veth[0], "type", "veth", "peer", "name", self._veth[1])
