@@ -3,7 +3,8 @@ memory. The evidence goes through the supervisor's own path (JSON lines, parsed 
 time). Prints one JSON line; bench/run.py runs it in a fresh process so the peak RSS is its own.
 
 The evidence is what a healthy job of that size writes: a DistributedSampler over 1M samples,
-200 fingerprinted optimizer steps of a 150-tensor model, and a metric all_reduce every step.
+200 fingerprinted optimizer steps of a 150-tensor model, DDP's gradient all-reduce in every backward
+and a metric all_reduce every step, numbered as the process group numbers them.
 """
 
 from __future__ import annotations
@@ -25,23 +26,28 @@ from ddpdoctor.schema.observations import Observations
 @functools.lru_cache(maxsize=None)
 def _fingerprints(n: int, params: int) -> str:
     """Step n's fingerprints: equal on every rank, as replicas in sync write them."""
-    return encode_fingerprints([[float(i + n) * 0.5, float(i) - n] for i in range(params)])
+    return encode_fingerprints([[(i + 1) * 1_000_003 + n] for i in range(params)])
 
 
 def rank_lines(rank: int, world: int, steps: int, params: int, samples: int) -> list[str]:
     """One rank's evidence as the JSON lines its recorder writes."""
     names = [f"layers.{i}.weight" for i in range(params)]
     site = [{"file": "train.py", "line": 40, "function": "train"}]
+    backward = [{"file": "train.py", "line": 38, "function": "train"}]
     events: list[ev.Event] = [
-        ev.InitProcessGroup(rank=rank, backend="gloo", world_size=world),
+        ev.InitProcessGroup(rank=rank, backend="gloo", world_size=world, numbering="pg"),
         ev.DDPWrap(rank=rank, params=names),
         ev.OptimizerInfo(rank=rank, names=names, in_ddp=[True] * params, ddp_of=[0] * params)]
     for n in range(1, steps + 1):
         fp = _fingerprints(n, params)
-        events.append(ev.Step(rank=rank, t=float(n), seq=2 * n, n=n, grads=fp, params=fp,
+        events.append(ev.InternalCollectives(rank=rank, t=float(n), seq=2 * n - 1, first=2 * n - 1, count=1,
+                                             phase="ddp-backward", ddp=0, site=backward))
+        events.append(ev.Step(rank=rank, t=float(n), seq=2 * n - 1, n=n, grads=fp, params=fp,
                               forwards={"0": {"synced": 1, "unsynced": 0, "inner": 1}}))
-        events.append(ev.Collective(rank=rank, t=float(n), seq=2 * n + 1, op="all_reduce", n=n,
+        events.append(ev.Collective(rank=rank, t=float(n), seq=2 * n, op="all_reduce", n=2 * n,
                                     tensors=[[[1], "float32"]], site=site))
+    events.append(ev.DDPUsage(rank=rank, t=float(steps), seq=2 * steps, ddp=0, iterations=steps, backwards=steps,
+                              final=True))
     shard = list(range(rank, samples, world))
     events.append(ev.LoaderPass(
         rank=rank, t=1.0, loader="train.py:10", complete=True, final=True, num_batches=len(shard) // 32,

@@ -43,6 +43,7 @@ def run(cmd: list[str], cwd: str, env: dict | None = None, timeout: float = 900)
 
 
 def torchrun(script: Path, *args: str) -> list[str]:
+    """Plain torchrun on a free port (--standalone): other jobs on the machine may hold 29500."""
     return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), *args]
 
 

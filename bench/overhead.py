@@ -25,12 +25,23 @@ def step_times(result: Run) -> tuple[float, float] | None:
     return (float(match.group(1)), float(match.group(2))) if match else None
 
 
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.3f}-{max(values):.3f}" if len(values) > 1 else "-"
+
+
 def bench_overhead(cwd: str, rounds: int, steps: int) -> None:
+    """Each round runs every configuration once, in turn; a configuration's overhead is its median
+    step over plain torchrun's median step in the same round (paired, so the machine's drift between
+    rounds cancels), then the median of those ratios over the rounds with their range as the spread.
+    Ranks are pinned to a core each."""
     script = WORKLOADS / "mlp_step.py"
-    args = ("--steps", str(steps))
-    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in CONFIGS}
+    args = ("--steps", str(steps), "--pin")
+    ratios: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    mean_ratios: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    medians: dict[str, list[float]] = {name: [] for name in CONFIGS}
     crashes: dict[str, list[str]] = {name: [] for name in CONFIGS}
     for _ in range(rounds):
+        this_round: dict[str, tuple[float, float]] = {}
         for name, (launcher, env, options) in CONFIGS.items():
             cmd = torchrun(script, *args) if launcher == "torchrun" else doctor(script, *options, script_args=args)
             result = run(cmd, cwd, env)
@@ -38,20 +49,24 @@ def bench_overhead(cwd: str, rounds: int, steps: int) -> None:
             if times is None or (launcher == "torchrun" and result.returncode):
                 crashes[name].append(result.crash or "no step times printed")
             else:
-                samples[name].append(times)
-    plain = statistics.median(m for m, _ in samples["plain torchrun"]) if samples["plain torchrun"] else None
-    plain_mean = statistics.median(a for _, a in samples["plain torchrun"]) if samples["plain torchrun"] else None
+                this_round[name] = times
+                medians[name].append(times[0])
+        plain = this_round.get("plain torchrun")
+        for name, (median, mean) in this_round.items():
+            if plain:
+                ratios[name].append(median / plain[0])
+                mean_ratios[name].append(mean / plain[1])
     rows = []
     for name in CONFIGS:
-        got = samples[name]
         crashed = f"{len(crashes[name])} of {rounds}: {', '.join(sorted(set(crashes[name])))}" if crashes[name] else "none"
-        if not got or plain is None:
-            rows.append([name, "-", "-", "-", "-", crashed])
+        if not ratios[name]:
+            rows.append([name, "-", "-", "-", "-", "-", crashed])
             continue
-        median = statistics.median(m for m, _ in got)
-        mean = statistics.median(a for _, a in got)
-        rows.append([name, f"{median:.1f}", f"{100 * (median / plain - 1):+.1f}%", f"{mean:.1f}",
-                     f"{100 * (mean / plain_mean - 1):+.1f}%", crashed])
-    table(f"step overhead: MLP 9x1024 (9.5M params), 2 gloo ranks, {steps} steps, median of the steps after 10 "
-          f"warm-up; the median over {rounds} interleaved rounds",
-          ["configuration", "median step ms", "vs plain", "mean step ms", "vs plain", "crashed runs"], rows)
+        rows.append([name, f"{statistics.median(medians[name]):.1f}", f"{statistics.median(ratios[name]):.3f}x",
+                     _spread(ratios[name]), f"{statistics.median(mean_ratios[name]):.3f}x", _spread(mean_ratios[name]),
+                     crashed])
+    table(f"step overhead: MLP 9x1024 (9.5M params), 2 gloo ranks pinned to a core each, {steps} steps, median and "
+          f"mean of the steps after 10 warm-up; each ratio is against plain torchrun in the same round, the median "
+          f"over {rounds} interleaved rounds and its range",
+          ["configuration", "median step ms", "median vs plain", "range", "mean vs plain", "range", "crashed runs"],
+          rows)

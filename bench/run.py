@@ -6,7 +6,9 @@
 
 Sections: fingerprint (in one process), overhead (step time, interleaved with TORCH_DISTRIBUTED_DEBUG),
 verdict (reference job), hangs (hang -> report), sampler (10M samples), analysis (1024 ranks),
-volume (100k steps), gpu (bench/gpu.py, only where CUDA is present). Results go in BENCHMARKS.md.
+volume (100k steps), postmortem (`ddpdoctor analyze` of 1024 ranks' flight recorder dumps), recorder
+(the flight recorder's cost per step), gpu (bench/gpu.py, only where CUDA is present). Results go in
+BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from common import PY, ROOT  # noqa: E402
 from fingerprint_cost import bench_fingerprint  # noqa: E402
 from hangs import bench_hangs  # noqa: E402
 from overhead import bench_overhead  # noqa: E402
+from postmortem import bench_recorder_cost, bench_scale as bench_postmortem  # noqa: E402
 from scale import bench_analysis, bench_sampler, bench_volume  # noqa: E402
 from verdict import bench_verdict  # noqa: E402
 
-SECTIONS = ("fingerprint", "overhead", "verdict", "hangs", "sampler", "analysis", "volume", "gpu")
+SECTIONS = ("fingerprint", "overhead", "verdict", "hangs", "sampler", "analysis", "volume", "postmortem", "recorder",
+            "gpu")
 
 
 def bench_gpu(quick: bool) -> None:
@@ -61,7 +65,7 @@ def run_section(section: str, cwd: str, quick: bool) -> None:
     if section == "fingerprint":
         bench_fingerprint()
     elif section == "overhead":
-        bench_overhead(cwd, rounds=1 if quick else 3, steps=40 if quick else 60)
+        bench_overhead(cwd, rounds=1 if quick else 5, steps=40 if quick else 200)
     elif section == "verdict":
         bench_verdict(cwd, rounds=1 if quick else 3)
     elif section == "hangs":
@@ -72,6 +76,10 @@ def run_section(section: str, cwd: str, quick: bool) -> None:
         bench_analysis(cwd, world=256 if quick else 1024)
     elif section == "volume":
         bench_volume(cwd, steps=10_000 if quick else 100_000)
+    elif section == "postmortem":
+        bench_postmortem(ranks=256 if quick else 1024, entries=2000)
+    elif section == "recorder":
+        bench_recorder_cost(rounds=1 if quick else 5, steps=60 if quick else 110)
     elif section == "gpu":
         bench_gpu(quick)
 

@@ -13,6 +13,7 @@ from ddpdoctor.analysis import content
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.content import Overlap, Stream
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.schema.events import ContentPass
 
 SAMPLER_ID = "sampler-disjoint"
 SET_EPOCH_ID = "set-epoch"
@@ -23,6 +24,10 @@ _FIX_ITERABLE = ("Shard the stream by rank and by worker: in `__iter__`, keep ev
 _FIX_ORDER = ("Build the dataset in the same order on every rank: sort the file list (`sorted(glob(...))`, "
               "`sorted(os.listdir(...))`) or shuffle it with a fixed seed (`random.Random(SEED).shuffle(files)`), "
               "and let DistributedSampler do the per-epoch shuffling.")
+# Identical batches at the same training forward on several ranks: at least this many forwards, and
+# at least this share of the forwards compared (a constant input now and then is not a pattern).
+MIN_SAME_FORWARDS = 2
+SAME_FRACTION = 0.5
 _FIX_FORWARD = ("Give each rank its own part of the data: a DataLoader with `DistributedSampler(dataset)`, or "
                 "batches drawn per rank (a generator seeded with seed + rank, or index ranges split by rank).")
 
@@ -75,9 +80,12 @@ def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: O
     else:
         fix, why = _FIX_FORWARD, "the sampler's draws are not sample positions, so only the content shows it"
     pct = f"{100 * result.fraction:.0f}%"
+    trained = any(s.event.steps > 0 for s in streams.values())
+    verb = "trained on" if trained else "fed to DDP (no optimizer step followed)"
     return Finding(
-        check=SAMPLER_ID, severity="error", ranks=result.ranks, location=Location.from_site(event.site),
-        message=(f"{pct} of the samples each rank trained on in pass {number} of {source} were also fed to "
+        check=SAMPLER_ID, severity="error" if trained else "info", ranks=result.ranks,
+        location=Location.from_site(event.site),
+        message=(f"{pct} of the samples each rank {verb} in pass {number} of {source} were also fed to "
                  f"another rank (chance would give {100 * result.expected:.1f}%): {why}"),
         fix=fix,
         evidence={"basis": "content", "source": "loader", "loader": key, "pass": number, "epoch": event.epoch,
@@ -110,21 +118,78 @@ def _eval_finding(key: str, number: int, streams: dict[int, Stream], result: Ove
 
 def _forward_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap,
                      world_size: int) -> Finding:
+    trained = any(s.event.steps > 0 for s in streams.values())
+    event = content.first(streams)
     return Finding(
-        check=SAMPLER_ID, severity="error", ranks=result.ranks, location=None,
+        check=SAMPLER_ID, severity="error" if trained else "info", ranks=result.ranks,
+        location=Location.from_site(event.site),
         message=(f"{100 * result.fraction:.0f}% of the samples each rank fed to DDP ({key}, forward input, window "
-                 f"{number}) were also fed to another rank (chance would give {100 * result.expected:.1f}%): the "
-                 "ranks train on the same batches"),
-        fix=_FIX_FORWARD,
+                 f"{number}) were also fed to another rank (chance would give {100 * result.expected:.1f}%): "
+                 + ("the ranks train on the same batches" if trained
+                    else "no optimizer step followed, so nothing was trained on them (a test or a benchmark?)")),
+        fix=_FIX_FORWARD if trained else "Nothing to do if every rank is meant to see the same input.",
         evidence={"basis": "content", "source": "forward", "loader": None, "module": key, "window": number,
                   "forwards_per_rank": {str(r): s.event.num_batches for r, s in sorted(streams.items())},
                   "world_size": world_size, **result.as_evidence()})
+
+
+def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
+    """DDP module -> a finding when ranks fed it identical batches at the same training forward:
+    the same batch at the same step, whatever produced it (a hand-written loader given the same
+    offset on every rank, the same seed everywhere), however few rows a batch has."""
+    digests: dict[str, dict[int, dict[int, str]]] = {}  # module -> rank -> forward -> digest
+    windows: dict[str, list] = {}
+    for rank, event in evidence.events(ContentPass):
+        if event.source != "forward" or event.first_forward is None:
+            continue
+        per_rank = digests.setdefault(event.key, {}).setdefault(rank, {})
+        for i, digest in enumerate(event.digests):
+            per_rank[event.first_forward + i] = digest
+        windows.setdefault(event.key, []).append((rank, event))
+    found: dict[str, Finding] = {}
+    for key, per_rank in sorted(digests.items()):
+        if len(per_rank) < 2:
+            continue
+        common = sorted(set.intersection(*(set(d) for d in per_rank.values())))
+        same: list[int] = []
+        ranks: set[int] = set()
+        for forward in common:
+            holders: dict[str, list[int]] = {}
+            for rank, d in per_rank.items():
+                holders.setdefault(d[forward], []).append(rank)
+            shared = [r for group in holders.values() if len(group) > 1 for r in group]
+            if shared:
+                same.append(forward)
+                ranks.update(shared)
+        if len(same) < MIN_SAME_FORWARDS or len(same) < SAME_FRACTION * len(common):
+            continue
+        involved = [e for r, e in windows[key] if r in ranks]
+        trained = any(e.steps > 0 for e in involved)
+        site = next((e.site for e in involved if e.site), [])
+        feeds = next((e.feeds for e in involved if e.feeds), None)
+        loader = feeds.rpartition("#")[0] if feeds else None
+        source = (f"; the batches came from the DataLoader at {loader.rsplit('/', 1)[-1]}" if loader
+                  else "; they did not come from a DataLoader")
+        found[key] = Finding(
+            check=SAMPLER_ID, severity="error" if trained else "info", ranks=tuple(sorted(ranks)),
+            location=Location.from_site(site),
+            message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical batches to DDP at {len(same)} of "
+                     f"{len(common)} training forwards (the same batch at the same step)"
+                     + (": every rank trains on the same data, so the job does one rank's work N times" if trained
+                        else ", but no optimizer step followed, so nothing was trained on them (a test or a "
+                             "benchmark?)") + source),
+            fix=_FIX_FORWARD if trained else "Nothing to do if every rank is meant to see the same input.",
+            evidence={"basis": "content", "source": "forward", "kind": "same-step", "module": key, "loader": loader,
+                      "identical_forwards": len(same), "forwards_compared": len(common),
+                      "first_identical_forward": same[0], "trained": trained})
+    return found
 
 
 def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
     """sampler-disjoint findings from content (one per loader or DDP module: its first affected
     pass, with the count), and the number of passes compared."""
     ddp_job = bool(evidence.facts.ddp_wraps)
+    same_step = _same_step_findings(evidence)
     first: dict[tuple, Finding] = {}
     affected: Counter = Counter()
     num_compared = 0
@@ -137,7 +202,7 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
         num_compared += result.judged
         finding = None
         if source == "forward":
-            if result.significant:
+            if result.significant and key not in same_step:
                 finding = _forward_finding(key, number, streams, result, evidence.world_size)
         else:
             purpose = _purpose([s.event for s in streams.values()], ddp_job)
@@ -155,12 +220,16 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
             first.setdefault(slot, finding)
     for slot, finding in first.items():
         finding.evidence["num_passes_affected"] = affected[slot]
-    return list(first.values()), num_compared
+    loaders = {f.evidence.get("loader") for f in first.values() if f.evidence.get("source") == "loader"}
+    extra = [f for f in same_step.values() if f.evidence["loader"] is None or f.evidence["loader"] not in loaders]
+    return list(first.values()) + extra, num_compared + len(same_step)
 
 
 def repeated_order_findings(evidence: Evidence) -> list[Finding]:
     """set-epoch from content: an IterableDataset's training passes that repeat the previous pass's
-    samples in the same order (the stream is never reshuffled between epochs)."""
+    samples in the same order. A warning where the dataset shows it means to reshuffle (it defines
+    set_epoch but its epoch never moved, or it says it shuffles); a fixed order may be intended
+    otherwise (a stream in its natural order): info."""
     ddp_job = bool(evidence.facts.ddp_wraps)
     per_loader: dict[str, dict[int, list[Stream]]] = {}
     for (source, key, _, _), streams in evidence.facts.content_streams.items():
@@ -175,16 +244,34 @@ def repeated_order_findings(evidence: Evidence) -> list[Finding]:
         stale = sorted(r for r, found in repeats.items() if found)
         if not stale:
             continue
-        event = ranks[stale[0]][0].event
+        passes = sorted(ranks[stale[0]], key=lambda s: s.event.number)
+        event = passes[0].event
         pairs = repeats[stale[0]]
+        epochs = [s.event.dataset_epoch for s in passes]
+        never_set = bool(event.set_epoch_method) and None not in epochs and len(set(epochs)) == 1
+        intent = never_set or bool(event.declares_shuffle)
+        what = (f"the training DataLoader over {event.dataset_type} (an IterableDataset) fed the same samples in "
+                f"the same order in pass {pairs[0][0]} as in pass {pairs[0][1]}")
+        if never_set:
+            message = (f"{what}: {event.dataset_type} defines set_epoch() but its epoch stayed {epochs[0]}: "
+                       "set_epoch is never called, so the stream is never reshuffled")
+            fix = ("Call `dataset.set_epoch(epoch)` at the start of every epoch, before iterating the DataLoader "
+                   "(as with DistributedSampler).")
+        elif intent:
+            message = f"{what}: {event.dataset_type} shuffles, but with the same permutation every epoch"
+            fix = ("Seed the shuffle with a value that is the same on every rank and changes with the epoch "
+                   "(`random.Random(seed + epoch)`), e.g. through a `set_epoch(epoch)` method called every epoch.")
+        else:
+            message = (f"{what}: the stream is not reshuffled between epochs, which is fine if its fixed order is "
+                       "intended")
+            fix = ("Nothing to do for a fixed order. To reshuffle, give the dataset a `set_epoch(epoch)` method (as "
+                   "DistributedSampler has) that shuffles its shard list with `random.Random(seed + epoch)`, and "
+                   "call it before each epoch.")
         findings.append(Finding(
-            check=SET_EPOCH_ID, severity="warning", ranks=tuple(stale), location=Location.from_site(event.site),
-            message=(f"the training DataLoader over {event.dataset_type} (an IterableDataset) fed the same samples in "
-                     f"the same order in pass {pairs[0][0]} as in pass {pairs[0][1]}: the stream is not reshuffled "
-                     "between epochs"),
-            fix=("Reshuffle the stream every epoch with a seed that is the same on every rank and changes with the "
-                 "epoch: give the dataset a `set_epoch(epoch)` method (as DistributedSampler has) and shuffle its "
-                 "shard list or shuffle buffer with `random.Random(seed + epoch)`; call it before each epoch."),
+            check=SET_EPOCH_ID, severity="warning" if intent else "info", ranks=tuple(stale),
+            location=Location.from_site(event.site), message=message, fix=fix,
             evidence={"basis": "content", "loader": key, "dataset_type": event.dataset_type,
+                      "set_epoch_method": event.set_epoch_method, "dataset_epochs": epochs,
+                      "declares_shuffle": event.declares_shuffle,
                       "repeated_passes": {str(r): [list(p) for p in repeats[r]] for r in stale}}))
     return findings

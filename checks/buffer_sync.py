@@ -60,7 +60,9 @@ def analyze(evidence: Evidence) -> CheckResult:
             names = wrap.buffers if wrap else []
             name = names[i] if i < len(names) else f"buffer{i}"
             ranks = sorted(r for g in groups for r in g)
-            diff = max(relative_difference(per_rank[ref][i], per_rank[r][i]) for g in groups[1:] for r in g)
+            diffs = [d for g in groups[1:] for r in g
+                     if (d := relative_difference(per_rank[ref][i], per_rank[r][i])) is not None]
+            diff = max(diffs) if diffs else None  # word sums say the bits differ, not by how much
             broadcast = wrap.broadcast_buffers if wrap else True
             if not broadcast:
                 severity = "warning"

@@ -6,8 +6,7 @@ from typing import Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.facts import Mismatch
-from ddpdoctor.schema.events import Collective
+from ddpdoctor.analysis.trace import Mismatch, RankTrace, TraceEntry
 from ddpdoctor.schema.observations import StopSnapshot
 
 from ._common import fmt_ranks, short_site
@@ -51,16 +50,22 @@ stopping so every rank acts on them together.
 """
 
 
-_INPUT_LAST = {"all_gather", "all_gather_into_tensor"}
-
-
-def _describe(event: Optional[Collective]) -> str:
-    if event is None:
+def _describe(entry: Optional[TraceEntry]) -> str:
+    if entry is None:
         return "nothing (no collective with this number)"
-    tensors = event.tensors or []
-    shown = tensors[-1] if event.op in _INPUT_LAST and tensors else (tensors[0] if tensors else None)
-    shape = f" of {shown[1]}{shown[0]}" if shown else ""
-    return f"{event.op}{shape} at {short_site(Location.from_site(event.site))}"
+    return f"{entry.describe()} at {short_site(Location.from_site(entry.site))}"
+
+
+# What a library's collectives from one line are, in words.
+PHASE_WORDS = {
+    "ddp-forward": "collectives (DDP's buffer broadcast)",
+    "ddp-backward": "collectives (DDP's gradient all-reduce)",
+    "ddp-init": "collectives (the broadcast of the parameters)",
+}
+
+
+def _verb(entry: TraceEntry) -> str:
+    return "issued" if entry.internal else "called"
 
 
 def _several_hosts(evidence: Evidence) -> bool:
@@ -69,7 +74,7 @@ def _several_hosts(evidence: Evidence) -> bool:
 
 
 def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
-    traces = evidence.facts.world_collectives
+    traces = evidence.facts.world_traces
     states: dict[str, dict] = {}
     for rank, state in sorted(stop.ranks.items()):
         if state.state == "never started":
@@ -77,7 +82,7 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
             continue
         beat = state.heartbeat
         user = [f for f in state.stack if f.get("user")]
-        last = (beat.last_collective if beat else None) or _last_traced(traces.get(rank, []))
+        last = _last_traced(traces.get(rank)) or (beat.last_collective if beat else None)
         ev = evidence.ranks.get(rank)
         states[str(rank)] = {
             "host": (ev.host if ev else None) or (beat.host if beat else None) or None,
@@ -93,10 +98,11 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
     return states
 
 
-def _last_traced(trace: list[Collective]) -> Optional[dict]:
-    if not trace:
+def _last_traced(trace: Optional[RankTrace]) -> Optional[dict]:
+    if trace is None or not trace.entries:
         return None
-    return {"op": trace[-1].op, "n": trace[-1].n, "site": (trace[-1].site or [None])[0]}
+    last = trace.entries[-1]
+    return {"op": last.op or last.describe(), "n": last.n, "site": (last.site or [None])[0]}
 
 
 def _divergence_detail(mismatch: Optional[Mismatch]) -> tuple[str, Optional[Location]]:
@@ -104,10 +110,20 @@ def _divergence_detail(mismatch: Optional[Mismatch]) -> tuple[str, Optional[Loca
         return "", None
     present = mismatch.present
     location = Location.from_site(present[mismatch.culprit()].site)
-    parts = [f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())]
+    said: dict[str, list[int]] = {}
+    for r, e in sorted(present.items()):
+        said.setdefault(f"{_verb(e)} {_describe(e)}", []).append(r)
+    if any(len(ranks) > 4 for ranks in said.values()):  # many ranks: each call said once, for all that made it
+        parts = [f"{_some_ranks(ranks)} {what}" for what, ranks in said.items()]
+    else:
+        parts = [f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items())]
     if mismatch.absent:
-        parts.append(f"{fmt_ranks(mismatch.absent)} never called collective #{mismatch.n}")
-    return f"; first divergence at collective #{mismatch.n}: " + ", ".join(parts), location
+        parts.append(f"{_some_ranks(mismatch.absent)} never called collective #{mismatch.n}")
+    return f"; first divergence at collective #{mismatch.n}{_on_group(mismatch)}: " + ", ".join(parts), location
+
+
+def _on_group(mismatch: Mismatch) -> str:
+    return f" of the subgroup of ranks {', '.join(map(str, mismatch.group))}" if mismatch.group else ""
 
 
 def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
@@ -115,7 +131,8 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
     waiting = sorted(int(r) for r, s in states.items() if s["state"] == "waiting")
     exited = sorted(int(r) for r, s in states.items() if s["state"] == "exited")
     others = sorted(int(r) for r, s in states.items() if s["state"] in ("busy", "computing"))
-    mismatch = evidence.facts.collective_divergence
+    # Members of a subgroup that disagree on its collective: the cause, whatever the world group shows.
+    mismatch = evidence.facts.subgroup_mismatch or evidence.facts.collective_divergence
     detail, location = _divergence_detail(mismatch)
     if location is None:
         for r in waiting + others:
@@ -123,45 +140,105 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
             if where:
                 location = Location(file=where["file"], line=int(where["line"]))
                 break
-    lines = []
+    said: dict[tuple, list[int]] = {}  # (verb, what) -> the ranks it is true of: one clause for many ranks
     for r in waiting + others:
         state = states[str(r)]
         where = state.get("where")
-        verb = "waits in" if state["state"] == "waiting" else f"is {state['state']} in"
-        on = f" on {state['host']}" if state.get("host") and _several_hosts(evidence) else ""
-        lines.append(f"rank {r}{on} {verb} {state.get('waiting_in') or 'its own code'}"
-                     + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else ""))
+        if state["state"] == "computing" and not state["stack"] and state.get("last_collective"):
+            said.setdefault(("is", f"not inside a collective: {_stuck_after(state['last_collective'])}"), []).append(r)
+            continue
+        verb = ("waits", "wait") if state["state"] == "waiting" else (f"is {state['state']}", f"are {state['state']}")
+        what = f"in {state.get('waiting_in') or 'its own code'}" \
+            + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else "")
+        said.setdefault((verb, what), []).append(r)
+    several = _several_hosts(evidence)  # then a rank is named with its host
+
+    def on(ranks: list[int]) -> str:
+        hosts = {states[str(r)].get("host") for r in ranks}
+        return f" on {hosts.pop()}" if several and len(hosts) == 1 and None not in hosts else ""
+
+    if any(len(ranks) > 4 for ranks in said.values()):  # many ranks: each thing said once, for all it is true of
+        lines = [f"{_some_ranks(ranks)}{on(ranks)} {_verb_for(verb, ranks)} {what}"
+                 for (verb, what), ranks in said.items()]
+    else:
+        clause = {r: (verb, what) for (verb, what), ranks in said.items() for r in ranks}
+        lines = [f"rank {r}{on([r])} {_verb_for(clause[r][0], [r])} {clause[r][1]}" for r in waiting + others]
     never = sorted(int(r) for r, s in states.items() if s["state"] == "never started")
     tail = (f"; {fmt_ranks(exited)} had already exited" if exited else "") + \
-        (f"; {fmt_ranks(never)} never started" if never else "")
+        (f"; {fmt_ranks(never)} never started" if never else "") + _no_dump(evidence, states, waiting)
     if stop.reason == "no-progress":
         return Finding(
             check=ID, severity="warning", ranks=tuple(sorted(int(r) for r in states)), location=location,
             message=(f"no rank made progress for {max((s.get('stalled_s') or 0) for s in states.values()):.0f}s "
                      f"and the job was stopped: {'; '.join(lines) or 'no rank answered'}{tail}; not every rank waits "
-                     "in a collective, so this is not proven to be a hang"),
+                     f"in a collective, so this is not proven to be a hang{detail}"),
             fix=("If a rank was legitimately busy (a large checkpoint, slow storage), raise --hang-timeout; otherwise "
                  "the stacks show where each rank was stuck."),
-            evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states})
+            evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states,
+                      "sequence": None if mismatch is None else mismatch.n,
+                      "group": None if mismatch is None or mismatch.group is None else list(mismatch.group)})
     message = f"the job hung: {'; '.join(lines) or 'no rank made progress'}{tail}{detail}"
-    center = mismatch.n if mismatch is not None else max((len(t) for t in evidence.facts.world_collectives.values()),
+    center = mismatch.n if mismatch is not None and mismatch.group is None else max((t.numbered_to for t in evidence.facts.world_traces.values()),
                                                           default=0)
     return Finding(
         check=ID, severity="error", ranks=tuple(sorted(int(r) for r in states)), location=location, message=message,
         fix=("Make every rank call the same collectives in the same order: move collectives out of rank-specific "
              "branches (e.g. `if rank == 0:`), or broadcast the decision (early stop, skip) so all ranks take it."),
         evidence={"kind": "hang", "threshold_s": stop.threshold_s, "ranks": states,
-                  "first_divergence": None if mismatch is None else mismatch.n,
+                  "first_divergence": None if mismatch is None or mismatch.group else mismatch.n,
                   "sequence": None if mismatch is None else mismatch.n,
-                  "timeline": _timeline(evidence.facts.world_collectives, center)},
+                  "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
+                  "culprit_phase": None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
+                  "timeline": _timeline(evidence.facts.world_traces, center)},
     )
 
 
-def _timeline(traces: dict[int, list[Collective]], center: int, before: int = 4) -> dict[str, dict[str, str]]:
+def _some_ranks(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0, 1" or, for many, "ranks 0-516, 518-1023"."""
+    ranks = sorted(ranks)
+    if len(ranks) <= 4:
+        return fmt_ranks(ranks)
+    spans, start = [], ranks[0]
+    for previous, current in zip(ranks, ranks[1:] + [None]):
+        if current != previous + 1 if current is not None else True:
+            spans.append(f"{start}-{previous}" if previous > start else str(start))
+            start = current
+    return "ranks " + ", ".join(spans)
+
+
+def _verb_for(verb, ranks: list[int]) -> str:
+    if isinstance(verb, str):
+        return verb if len(ranks) == 1 else {"is": "are"}.get(verb, verb)
+    return verb[0] if len(ranks) == 1 else verb[1]
+
+
+def _stuck_after(last: dict) -> str:
+    """A rank no collective holds, seen only through its last collective (a flight recorder dump
+    holds no stack of the moment it was written)."""
+    site = last.get("site") or {}
+    where = f"{site['file'].rsplit('/', 1)[-1]}:{site['line']}" if site.get("file") else "its last collective"
+    function = f" ({site['function']})" if site.get("function") else ""
+    return f"stuck in its own code after {where}{function}, its last collective (#{last.get('n')} {last.get('op')})"
+
+
+def _no_dump(evidence: Evidence, states: dict[str, dict], waiting: list[int]) -> str:
+    """Ranks that left no flight recorder dump, and what their peers show about them."""
+    missing = sorted(int(r) for r, s in states.items() if s["state"] == "no dump")
+    if not missing:
+        return ""
+    traces = evidence.facts.world_traces
+    ends = {traces[r].numbered_to for r in waiting if r in traces}
+    who = _some_ranks(missing)
+    if len(ends) == 1 and waiting and len(waiting) == len(states) - len(missing):
+        return (f"; {who} left no dump: every other rank waits in collective #{ends.pop()}, which cannot complete "
+                f"without {'it' if len(missing) == 1 else 'them'}")
+    return f"; {who} left no dump"
+
+
+def _timeline(traces: dict[int, RankTrace], center: int, before: int = 4) -> dict[str, dict[str, str]]:
     """Each rank's world collectives around collective #center: {rank: {n: "op at file:line"}}."""
     lo, hi = max(1, center - before), center + 1
-    return {str(rank): {str(e.n): f"{e.op} at {short_site(Location.from_site(e.site))}"
-                        for e in trace if lo <= e.n <= hi}
+    return {str(rank): {str(e.n): _describe(e) for e in trace.entries if lo <= e.n <= hi}
             for rank, trace in sorted(traces.items())}
 
 
@@ -172,7 +249,7 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     if mismatch is None or not mismatch.absent:
         return None
     present = mismatch.present
-    failed_in_it = [f for f in evidence.facts.failures if f.rank in present and f.seq == mismatch.n]
+    failed_in_it = [f for f in evidence.facts.failures if f.rank in present and f.seq >= mismatch.n]
     if not failed_in_it:
         return None
     culprit = mismatch.culprit()
@@ -181,27 +258,68 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     return Finding(
         check=ID, severity="error", ranks=tuple(sorted(present) + mismatch.absent),
         location=Location.from_site(present[culprit].site),
-        message=(f"{fmt_ranks(present)} called {_describe(present[culprit])} (collective #{mismatch.n}) that "
-                 f"{fmt_ranks(mismatch.absent)} never called; then {how[:300]}"),
+        message=(f"{fmt_ranks(present)} {_verb(present[culprit])} {_describe(present[culprit])} (collective "
+                 f"#{mismatch.n}) that {fmt_ranks(mismatch.absent)} never {_verb(present[culprit])}; then {how[:300]}"),
         fix=("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
              "decision so all ranks take it."),
         evidence={"kind": "orphan", "sequence": mismatch.n, "called_by": sorted(present),
-                  "never_called_by": mismatch.absent, "site": present[culprit].site},
+                  "never_called_by": mismatch.absent, "site": present[culprit].site,
+                  "culprit_phase": present[culprit].phase},
     )
 
 
-def _mismatch_finding(mismatch: Mismatch) -> Finding:
+_RANK_ONLY_WHAT = {  # (one, several): what a rank ran that its peers did not
+    "ddp-forward": ("a forward through the DDP wrapper", "forwards through the DDP wrapper"),
+    "ddp-backward": ("a backward pass through DDP", "backward passes through DDP"),
+    "ddp-init": ("a DDP constructor", "DDP constructors"),
+}
+_RANK_ONLY_WHY = {
+    "ddp-forward": "each broadcasts DDP's buffers",
+    "ddp-backward": "each all-reduces the gradients",
+    "ddp-init": "it broadcasts the parameters",
+}
+_RANK_ONLY_FIX = {
+    "ddp-forward": ("Run this forward on every rank, or on the one rank call the wrapped module itself "
+                    "(`model.module(x)` under `torch.no_grad()`), which issues no collective: a forward through "
+                    "the DDP wrapper broadcasts its buffers (and, with gradients on, prepares the gradient "
+                    "all-reduce), and every rank must take part."),
+    "ddp-backward": ("Run the backward pass through DDP on every rank, the same number of times, or wrap the "
+                     "rank-specific part in `model.no_sync()`."),
+    "ddp-init": "Construct DistributedDataParallel on every rank, in the same order.",
+}
+
+
+
+def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Finding:
     present = mismatch.present
-    return Finding(
-        check=ID, severity="error", ranks=tuple(sorted(present)),
-        location=Location.from_site(present[mismatch.culprit()].site),
-        message=f"collective #{mismatch.n} differs across ranks: " + ", ".join(
-            f"rank {r} called {_describe(e)}" for r, e in sorted(present.items())),
-        fix="Call the same collective with tensors of the same shape and dtype on every rank.",
-        evidence={"kind": "mismatch", "sequence": mismatch.n,
-                  "calls": {str(r): {"op": e.op, "tensors": e.tensors, "site": e.site}
-                            for r, e in sorted(present.items())}},
-    )
+    culprit = mismatch.culprit()
+    entry = present[culprit]
+    at_n = ", ".join(f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items()))
+    others = [r for r in sorted(mismatch.calls) if mismatch.counts.get(r, {}).get(entry.line_key(), 0) == 0]
+    evidence = {"kind": "mismatch", "sequence": mismatch.n, "culprit": culprit, "culprit_phase": entry.phase,
+                "group": list(mismatch.group) if mismatch.group else None,
+                "calls": {str(r): {"op": e.op, "phase": e.phase, "tensors": e.tensors, "site": e.site}
+                          for r, e in sorted(present.items())}}
+    fix = "Call the same collective with tensors of the same shape and dtype on every rank."
+    if entry.internal and others and entry.phase in _RANK_ONLY_WHAT:
+        key = entry.line_key()
+        counts = {str(r): mismatch.counts.get(r, {}).get(key, 0) for r in sorted(mismatch.calls)}
+        times = len({id(e.event) for e in traces[culprit].entries if e.line_key() == key})
+        one, several = _RANK_ONLY_WHAT[entry.phase]
+        what = one if times == 1 else f"{times} {several}"
+        message = (f"rank {culprit} ran {what} at {short_site(Location.from_site(entry.site))} that "
+                   f"{fmt_ranks(others)} never ran: {_RANK_ONLY_WHY[entry.phase]}, a collective the other ranks "
+                   f"pair with their own, so from collective #{mismatch.n} on every collective is paired with a "
+                   f"different one ({at_n})")
+        fix = _RANK_ONLY_FIX[entry.phase]
+        evidence.update({"rank_only": entry.phase, "never_ran": others, "collectives_from_line": counts})
+    else:
+        message = f"collective #{mismatch.n}{_on_group(mismatch)} differs across ranks: {at_n}"
+        if others:
+            fix = ("Call every collective on every rank, in the same order: move it out of the rank-specific branch, "
+                   "or broadcast the decision so all ranks take it.")
+    return Finding(check=ID, severity="error", ranks=tuple(sorted(mismatch.calls)),
+                   location=Location.from_site(entry.site), message=message, fix=fix, evidence=evidence)
 
 
 def _stall_finding(evidence: Evidence) -> Optional[Finding]:
@@ -226,14 +344,14 @@ def analyze(evidence: Evidence) -> CheckResult:
     if stop is not None and stop.reason in ("hang", "no-progress"):
         finding = _hang_finding(evidence, stop)
         verb = "job hung" if stop.reason == "hang" else "no progress"
-        return CheckResult(findings=[finding], summary=f"{verb} ({fmt_ranks(finding.ranks)})")
+        return CheckResult(findings=[finding], summary=f"{verb} ({_some_ranks(list(finding.ranks))})")
     if evidence.world_size < 2 or not evidence.facts.has_process_group:
         return CheckResult(summary="no process group", applicable=False)
-    traces = evidence.facts.world_collectives
-    total = sum(len(t) for t in traces.values())
-    mismatch = evidence.facts.collective_mismatch
+    traces = evidence.facts.world_traces
+    total = sum(len(t.entries) for t in traces.values())
+    mismatch = evidence.facts.collective_mismatch or evidence.facts.subgroup_mismatch
     if mismatch is not None:
-        return CheckResult(findings=[_mismatch_finding(mismatch)], summary=f"collective #{mismatch.n} mismatched")
+        return CheckResult(findings=[_mismatch_finding(mismatch, traces)], summary=f"collective #{mismatch.n} mismatched")
     orphan = _orphaned_collective(evidence)
     if orphan is not None:
         return CheckResult(findings=[orphan], summary="a collective had no partner")

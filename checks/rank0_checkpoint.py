@@ -8,6 +8,7 @@ from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import DistributedCheckpoint, Load, Save
 
+from . import _frameworks as frameworks
 from ._common import fmt_ranks
 
 ID = "rank0-checkpoint"
@@ -61,7 +62,7 @@ def _writers(saves: list[tuple[int, Save]]) -> dict[str, dict[int, list[Save]]]:
     return by_path
 
 
-def _multi_writer(by_path) -> list[Finding]:
+def _multi_writer(evidence: Evidence, by_path) -> list[Finding]:
     findings = []
     for path, per_rank in sorted(by_path.items()):
         if len(per_rank) > 1:
@@ -70,15 +71,17 @@ def _multi_writer(by_path) -> list[Finding]:
             findings.append(Finding(
                 check=ID, severity="error", ranks=tuple(ranks), location=_loc(first),
                 message=f"{fmt_ranks(ranks)} all wrote {path}: concurrent writers can leave a torn or mixed file",
-                fix=("Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
-                     "node), then dist.barrier() before anyone reads it."),
+                fix=frameworks.fix(evidence, "save", (
+                    "Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
+                    "node), then dist.barrier() before anyone reads it.")),
                 evidence={"path": path, "writes": {str(r): len(v) for r, v in sorted(per_rank.items())},
                           "bytes": first.bytes},
             ))
     return findings
 
 
-def _identical_copies(saves: list[tuple[int, Save]], world_size: int, multi_paths: set[str]) -> list[Finding]:
+def _identical_copies(evidence: Evidence, saves: list[tuple[int, Save]], world_size: int,
+                      multi_paths: set[str]) -> list[Finding]:
     nth: dict[int, dict[int, Save]] = defaultdict(dict)
     counts: dict[int, int] = defaultdict(int)
     for rank, event in saves:
@@ -96,14 +99,14 @@ def _identical_copies(saves: list[tuple[int, Save]], world_size: int, multi_path
                 check=ID, severity="warning", ranks=tuple(sorted(per_rank)), location=_loc(first),
                 message=(f"every rank saved its own copy of identical state ({len(per_rank)} files, e.g. "
                          f"{first.path}): {len(per_rank)}x the I/O for one checkpoint"),
-                fix="Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier().",
+                fix=frameworks.fix(evidence, "save", "Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier()."),
                 evidence={"paths": {str(r): e.path for r, e in sorted(per_rank.items())},
                           "fingerprint": first.fingerprint},
             )]
     return []
 
 
-def _unordered_reads(by_path, loads: list[tuple[int, Load]]) -> list[Finding]:
+def _unordered_reads(evidence: Evidence, by_path, loads: list[tuple[int, Load]]) -> list[Finding]:
     """A read of a file another rank writes, ordered neither after nor before that write.
 
     Collective sequence numbers give happens-before: a write that ended when its rank had made
@@ -127,12 +130,12 @@ def _unordered_reads(by_path, loads: list[tuple[int, Load]]) -> list[Finding]:
                 return [Finding(
                     check=ID, severity="error", ranks=(writer, reader), location=_loc(load),
                     message=f"rank {reader} read {load.path} that rank {writer} writes, {what}",
-                    fix="Put a collective between the write and the reads: rank 0 saves, then `dist.barrier()` on "
-                        "every rank, then load.",
+                    fix=frameworks.fix(evidence, "save", "Put a collective between the write and the reads: rank 0 "
+                                       "saves, then `dist.barrier()` on every rank, then load."),
                     evidence={"path": load.path, "writer": writer, "reader": reader,
                               "writer_collectives_after_write": write.seq_end,
                               "reader_collectives_before_read": read_at,
-                              "write_site": write.site, "read_site": load.site},
+                              "write_site": write.site, "read_site": load.site, "read_error": load.error},
                 )]
     return []
 
@@ -174,6 +177,8 @@ def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
     mismatch = evidence.facts.collective_divergence
     if mismatch is None:
         return []
+    if set(mismatch.absent) & {f.rank for f in evidence.facts.failures if not f.secondary}:
+        return []  # the ranks that never called it had failed on their own: rank-failure says why
     n, at = mismatch.n, mismatch.calls
     for path, per_rank in by_path.items():
         if len(per_rank) != 1:
@@ -203,10 +208,10 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not saves and not loads and not dcp_calls:
         return CheckResult(summary="no checkpoint saved or loaded", applicable=False)
     by_path = _writers(saves)
-    findings = _multi_writer(by_path)
+    findings = _multi_writer(evidence, by_path)
     multi_paths = {f.evidence["path"] for f in findings}
-    findings += _identical_copies(saves, evidence.world_size, multi_paths)
-    findings += _unordered_reads(by_path, loads)
+    findings += _identical_copies(evidence, saves, evidence.world_size, multi_paths)
+    findings += _unordered_reads(evidence, by_path, loads)
     findings += _map_location(evidence, loads)
     findings += _collective_around_save(evidence, by_path)
     findings += _module_prefix(saves)

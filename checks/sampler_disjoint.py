@@ -166,6 +166,8 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     if complete and dataset_len and same_domain:
         unseen = dataset_len - drawn_sets.union
         allowed = _expected_unseen(sampler, any_event.drop_last, any_event.batch_size, dataset_len, world_size)
+        # a resumed epoch: the batches trained before the checkpoint are skipped, never drawn
+        allowed += sum(e.skipped_batches * (e.batch_size or 1) for e in events.values())
         if unseen > allowed:
             severity = "error" if unseen > dataset_len // 4 else "warning"
             return Finding(check=ID, severity=severity, ranks=ranks, location=location,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import JoinEvent, LoaderPass
 
+from . import _frameworks as frameworks
 from ._common import fmt_ranks
 
 ID = "uneven-inputs"
@@ -53,27 +56,73 @@ def _cause(per_rank: dict[int, LoaderPass], counts: dict[int, int]) -> str:
     return "data" if any(per_rank[r].complete for r in short if r in per_rank) else "control-flow"
 
 
+def _training_passes(evidence: Evidence) -> dict[str, dict[int, list[LoaderPass]]]:
+    """loader -> rank -> that rank's passes over it that fed training, in order.
+
+    Passes are paired across ranks by their order among a loader's training passes, not by their
+    raw number: an iterator made and dropped on some ranks only (`next(iter(loader))` to log a batch,
+    a framework's look at the loader) numbers the later passes differently on those ranks.
+    """
+    out: dict[str, dict[int, list[LoaderPass]]] = {}
+    for (loader, number), per_rank in sorted(evidence.facts.loader_passes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        for rank, event in per_rank.items():
+            if event.num_batches > 0 and (event.steps > 0 or event.ddp_forwards > 0):
+                out.setdefault(loader, {}).setdefault(rank, []).append(event)
+    return out
+
+
+def _uneven_passes(evidence: Evidence, crashed: set[int]) -> list[tuple[tuple[str, int], dict[int, LoaderPass], dict[int, int]]]:
+    """((loader, training pass), rank -> pass, rank -> batches) of every training pass whose batch
+    counts differ across the ranks that made it."""
+    found = []
+    for loader, per_rank in sorted(_training_passes(evidence).items()):
+        if len(per_rank) < 2:
+            continue
+        for ordinal in range(max(len(p) for p in per_rank.values())):
+            passes = {r: p[ordinal] for r, p in per_rank.items() if ordinal < len(p)}
+            if len(passes) < 2 or (crashed and not all(e.complete for e in passes.values())):
+                continue
+            batches = {r: e.num_batches for r, e in passes.items()}
+            if len(set(batches.values())) > 1:
+                found.append(((loader, ordinal), passes, batches))
+    return sorted(found, key=lambda item: item[0][1])
+
+
+def _uneven_backwards(evidence: Evidence) -> Optional[dict[int, int]]:
+    """rank -> DDP backward passes, for the first DDP module whose ranks ran different numbers of
+    them; None when every module's ranks ran the same (or the evidence does not count them)."""
+    for _, counts in sorted(evidence.facts.ddp_backwards.items()):
+        if len(counts) >= 2 and len(set(counts.values())) > 1:
+            return counts
+    return None
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     facts = evidence.facts
     if evidence.world_size < 2 or not facts.ddp_wraps:
         return CheckResult(summary="no DDP training on several ranks", applicable=False)
+    stop = evidence.stop
+    if stop is not None and stop.reason in ("interrupted", "timeout"):
+        return CheckResult(summary="the job was stopped before its end: its step counts are cut short",
+                           applicable=False)
     joined = {r for r, e in evidence.events(JoinEvent) if e.phase == "enter"}
     # A rank that crashed for its own reasons stops early: rank-failure reports that. Ranks that
     # failed only because a peer left (connection closed) may be the symptom of uneven inputs.
     crashed = {f.rank for f in facts.failures if not f.secondary and f.rank is not None}
-    uneven = []
-    for key, per_rank in sorted(facts.loader_passes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if len(per_rank) < 2 or not any(e.steps > 0 or e.ddp_forwards > 0 for e in per_rank.values()):
-            continue
-        if crashed and not all(e.complete for e in per_rank.values()):
-            continue
-        batches = {r: e.num_batches for r, e in per_rank.items()}
-        if len(set(batches.values())) > 1:
-            uneven.append((key, per_rank, batches))
+    counted = bool(facts.ddp_backwards)
+    backwards = _uneven_backwards(evidence) if counted else None
+    if counted and backwards is None:
+        total = max((sum(c.values()) for c in facts.ddp_backwards.values()), default=0)
+        return CheckResult(summary=f"every rank ran the same number of DDP training iterations ({total} in all)")
+    if counted and crashed:
+        return CheckResult(summary="iteration counts cut short by a rank's own failure (rank-failure)")
+    uneven = _uneven_passes(evidence, crashed)
     step_totals = facts.step_counts
-    if not uneven and len(set(step_totals.values())) > 1 and not facts.failures \
+    if not counted and not uneven and len(set(step_totals.values())) > 1 and not facts.failures \
             and len(step_totals) == evidence.world_size:
         uneven.append((("optimizer steps", 0), {}, dict(step_totals)))
+    if not uneven and backwards is not None:
+        uneven.append((("DDP iterations", 0), {}, backwards))
     if not uneven:
         return CheckResult(summary="every rank ran the same number of steps")
     key, per_rank, counts = uneven[0]
@@ -87,16 +136,35 @@ def analyze(evidence: Evidence) -> CheckResult:
             message=f"ranks ran different numbers of batches ({_counts(counts)}) inside Join, which handles it",
             fix="Nothing to do.", evidence={"batches": {str(r): c for r, c in sorted(counts.items())}})])
     cause = _cause(per_rank, counts)
-    where = f"pass {key[1]} over the DataLoader" if per_rank else "the whole run"
+    if cause == "unknown" and stop is not None and stop.reason in ("hang", "no-progress"):
+        # No loader pass tells why: the counts differ because ddpdoctor stopped the ranks mid-way
+        # (one waits in a collective, one is stuck elsewhere). collective-hang reports that.
+        return CheckResult(summary="iteration counts cut short where the job was stopped (collective-hang)")
+    if per_rank:
+        where, unit = f"training pass {key[1] + 1} over the DataLoader", "training batches"
+    elif key[0] == "DDP iterations":
+        where, unit = "the whole run", "DDP training iterations"
+    else:
+        where, unit = "the whole run", "training batches"
     why = {"data": ": the ranks' shares of the data have different lengths",
            "control-flow": ": some ranks left the loop early"}.get(cause, "")
-    message = f"ranks ran different numbers of training batches in {where} ({_counts(counts)}) {outcome}{why}"
+    shown = counts
+    if backwards is not None and per_rank and backwards != counts:  # a loader that fetches ahead yields more
+        shown, unit = backwards, "DDP training iterations"
+        why += f" (its DataLoader yielded {_counts(counts)} batches)"
+    message = f"ranks ran different numbers of {unit} in {where} ({_counts(shown)}) {outcome}{why}"
+    fix = frameworks.fix(evidence, "uneven", (
+        "Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
+        "training loop in `with torch.distributed.algorithms.join.Join([model]):`."))
+    if cause == "control-flow":
+        fix = ("Leave the training loop on every rank together: decide a `break` or early stop on one rank and "
+               "broadcast the decision (e.g. all_reduce a flag) so every rank takes it; or wrap the loop in "
+               "`with torch.distributed.algorithms.join.Join([model]):`.")
     finding = Finding(
-        check=ID, severity="error", ranks=ranks, location=Location.from_site(site), message=message,
-        fix=("Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
-             "training loop in `with torch.distributed.algorithms.join.Join([model]):`."),
+        check=ID, severity="error", ranks=ranks, location=Location.from_site(site), message=message, fix=fix,
         evidence={"cause": cause, "pass": key[1], "loader": key[0],
                   "batches": {str(r): c for r, c in sorted(counts.items())},
+                  "ddp_iterations": {str(r): c for r, c in sorted((backwards or {}).items())},
                   "outcome": evidence.outcome, "num_uneven_passes": len(uneven)},
     )
     return CheckResult(findings=[finding], summary=f"uneven step counts ({fmt_ranks(ranks)})")

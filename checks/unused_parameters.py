@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import REDUCTION_ERRORS, is_reduction_error
 
+from . import _frameworks as frameworks
 from ._common import fmt_ranks
 
 ID = "unused-parameters"
@@ -86,8 +88,9 @@ def analyze(evidence: Evidence) -> CheckResult:
                     check=ID, severity="error", location=location,
                     ranks=tuple(sorted({r for c in unused_count.values() for r in c}) or crash_ranks),
                     message=f"{listed} got no gradient but DDP was built with find_unused_parameters=False{crashed}",
-                    fix=("Use every parameter in the loss, freeze the unused ones with requires_grad_(False) before "
-                         "wrapping, or pass find_unused_parameters=True if they are skipped only on some steps."),
+                    fix=frameworks.fix(evidence, "find-unused", (
+                        "Use every parameter in the loss, freeze the unused ones with requires_grad_(False) before "
+                        "wrapping, or pass find_unused_parameters=True if they are skipped only on some steps.")),
                     evidence={"ddp": ddp_index, "unused": unused_names,
                               "iterations_without_grad": {names[i]: {str(r): c for r, c in sorted(v.items())}
                                                           for i, v in sorted(unused_count.items()) if i < len(names)},
@@ -102,7 +105,8 @@ def analyze(evidence: Evidence) -> CheckResult:
                 message=(f"find_unused_parameters=True but every parameter got a gradient in every observed iteration "
                          f"({sum(iterations.values())} rank-iterations): DDP searches the autograd graph every "
                          "iteration for nothing"),
-                fix="Drop find_unused_parameters=True from the DistributedDataParallel call.",
+                fix=frameworks.fix(evidence, "needless-find-unused",
+                                   "Drop find_unused_parameters=True from the DistributedDataParallel call."),
                 evidence={"ddp": ddp_index, "iterations_observed": {str(r): c for r, c in sorted(iterations.items())}},
             ))
             continue
@@ -131,7 +135,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         if num_iterations_total == 0:
             return CheckResult(summary="no backward pass through DDP observed", applicable=False)
         return CheckResult(summary=f"every parameter got a gradient ({num_iterations_total} rank-iterations observed)")
-    return CheckResult(findings=findings, summary=findings[0].message.split(":")[0][:100])
+    return CheckResult(findings=findings, summary=textwrap.shorten(findings[0].message.split(":")[0], 100,
+                                                                   placeholder=" …"))
 
 
 CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS)

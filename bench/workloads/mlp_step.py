@@ -8,6 +8,7 @@ median is a step without a fingerprint, the mean counts the fingerprinted ones t
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -23,8 +24,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=9)
+    parser.add_argument("--pin", action="store_true", help="pin each rank to its own core (steadier timings)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.pin and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", "0")) % len(cores)]})
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     layers: list[nn.Module] = []

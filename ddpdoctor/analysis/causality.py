@@ -48,6 +48,12 @@ def _failure_in_the_mismatched_collective(finding: Finding, cause: Finding) -> b
         sequence is not None and finding.evidence.get("seq") is not None and finding.evidence["seq"] >= sequence)
 
 
+def _ddp_collectives_unmatched(finding: Finding) -> bool:
+    """collective-hang about DDP's own collectives (a gradient all-reduce some ranks never issued),
+    not about a call in the user's code."""
+    return str(finding.evidence.get("culprit_phase") or "").startswith("ddp-")
+
+
 def _peer_symptom(finding: Finding, _cause: Finding) -> bool:
     return finding.check == "rank-failure" and bool(finding.evidence.get("secondary_only"))
 
@@ -65,6 +71,13 @@ def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
     decoded = finding.evidence.get("decoded") or {}
     return finding.check == "rank-failure" and (decoded.get("code") == "duplicate-gpu"
                                                  or bool(finding.evidence.get("secondary_only")))
+
+
+def _crash_in_the_raced_read(finding: Finding, cause: Finding) -> bool:
+    """The reader of a file its writer had not finished died in that read (a torn checkpoint)."""
+    return (finding.check == "rank-failure" and cause.evidence.get("reader") is not None
+            and finding.evidence.get("rank") == cause.evidence.get("reader")
+            and (bool(cause.evidence.get("read_error")) or finding.location == cause.location))
 
 
 def _index_overlap(finding: Finding) -> bool:
@@ -94,13 +107,22 @@ RULES: tuple[Rule, ...] = (
     # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
     Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
          _symptom("buffer-sync", broadcast_buffers=True)),
-    # A rank ran out of data: its peer waits (hang) or fails when it leaves (connection closed).
+    # A rank ran out of data: its peer waits (hang), fails when it leaves (connection closed), or is
+    # left alone in DDP's collectives for the batches it still has.
     Rule("a rank ran out of data", _is("uneven-inputs", severities=("error",), cause="data"),
-         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and f.evidence.get("kind") == "hang")),
+         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and (
+             f.evidence.get("kind") == "hang" or _ddp_collectives_unmatched(f)))),
+    # A rank left its training loop early (a `break` on one rank): DDP's own collectives for the
+    # iterations the others still run find no partner. No traced call of the user's is involved.
+    Rule("ranks ran different numbers of iterations", _is("uneven-inputs", severities=("error",)),
+         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and _ddp_collectives_unmatched(f))),
     # Ranks took different collectives: the batch counts they reached differ as a result.
     Rule("collectives diverged", _is("collective-hang", severities=("error",)),
-         lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") == "control-flow")
+         lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") in ("control-flow", "unknown"))
          or _failure_in_the_mismatched_collective(f, c)),
+    # A rank read a checkpoint another rank was still writing, and died loading the torn file.
+    Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),
+         _crash_in_the_raced_read),
     # A rank crashed first: its peers' failed collectives follow from it.
     Rule("a rank crashed", _is("rank-failure", severities=("error",), secondary_only=(False, None)),
          _orphan_of_failed_ranks),

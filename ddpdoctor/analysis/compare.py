@@ -10,10 +10,17 @@ Fingerprint = Optional[list]
 RTOL = 1e-6  # identical replicas agree to the bit; this only absorbs float32 rounding of equal values
 
 
+def exact(value: Fingerprint) -> bool:
+    """Word sums (ints) compare exactly; older float fingerprints within a tolerance."""
+    return value is not None and all(isinstance(x, int) for x in value)
+
+
 def differs(a: Fingerprint, b: Fingerprint, *, rtol: float = RTOL) -> bool:
     """Whether two fingerprints come from different tensors (None vs value counts as different)."""
     if a is None or b is None:
         return (a is None) != (b is None)
+    if exact(a) or exact(b):
+        return list(a) != list(b)
     for x, y in zip(a, b):
         if not (math.isfinite(x) and math.isfinite(y)):
             if not (x == y or (math.isnan(x) and math.isnan(y))):  # NaN or inf on one side only
@@ -23,10 +30,13 @@ def differs(a: Fingerprint, b: Fingerprint, *, rtol: float = RTOL) -> bool:
     return False
 
 
-def relative_difference(a: Fingerprint, b: Fingerprint) -> float:
-    """Largest relative difference between two fingerprints, for the report."""
+def relative_difference(a: Fingerprint, b: Fingerprint) -> Optional[float]:
+    """Largest relative difference between two float fingerprints, for the report; None for word
+    sums, which say that the bits differ, not by how much."""
     if a is None or b is None:
         return float("inf")
+    if exact(a) or exact(b):
+        return None
     return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
 
 

@@ -7,26 +7,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from ddpdoctor.analysis import passes
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, LoaderPass,
-                                     OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, subgroup_traces,
+                                      trace_of)
+from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, InternalCollectives,
+                                     LoaderPass, OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
-
-POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv"})
-# Collectives whose tensor arguments may legitimately differ by rank: only the op is compared.
-SHAPE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "new_group",
-                        "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"})
-# Collectives with a list argument only the root rank passes: only the first tensor is compared.
-ROOT_LISTS = frozenset({"gather", "scatter"})
 
 # Errors a rank raises because a peer died or stopped answering: symptoms, not causes.
 SECONDARY_MARKERS = (
@@ -47,36 +44,6 @@ REDUCTION_ERRORS = ("Expected to have finished reduction in the prior iteration"
 
 def is_reduction_error(message: str) -> bool:
     return any(marker in message for marker in REDUCTION_ERRORS)
-
-
-def collective_signature(event: Collective) -> tuple:
-    """What must be equal across ranks at the same sequence number."""
-    if event.op in SHAPE_FREE:
-        return (event.op,)
-    tensors = event.tensors[:1] if event.op in ROOT_LISTS else event.tensors
-    return (event.op, repr(tensors))  # shapes and dtypes as JSON gave them: one C call per event
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The first sequence number at which the ranks' world collectives differ (1-based)."""
-
-    n: int
-    calls: dict  # rank -> Collective, or None where the rank never made a collective with this number
-
-    @property
-    def present(self) -> dict[int, Collective]:
-        return {r: e for r, e in self.calls.items() if e is not None}
-
-    @property
-    def absent(self) -> list[int]:
-        return sorted(r for r, e in self.calls.items() if e is None)
-
-    def culprit(self) -> int:
-        """The rank whose call to point at: one made inside a rank-dependent branch (`if rank == 0:`),
-        else the one that was made first."""
-        present = self.present
-        return min(present, key=lambda r: (not present[r].rank_branch, present[r].t))
 
 
 @dataclass(frozen=True)
@@ -113,7 +80,7 @@ class RankFailure:
 
     @property
     def headline(self) -> str:
-        first = self.message.strip().splitlines()[0][:300] if self.message.strip() else ""
+        first = _shorten(self.message.strip().splitlines()[0]) if self.message.strip() else ""
         return f"{self.type}: {first}" if self.type else first
 
 
@@ -137,6 +104,16 @@ class Facts:
         return out
 
     @functools.cached_property
+    def framework(self) -> Optional[tuple[str, Optional[str]]]:
+        """(framework, version) that built the job's DDP modules ("accelerate", "lightning" for the
+        Trainer, "fabric"), None for DDP built by hand."""
+        for _, wraps in sorted(self.ddp_wraps.items()):
+            for _, wrap in sorted(wraps.items()):
+                if wrap.framework:
+                    return wrap.framework, wrap.framework_version
+        return None
+
+    @functools.cached_property
     def ddp_usage(self) -> dict[int, dict[int, DDPUsage]]:
         """DDP module index -> rank -> the usage totals with the most iterations."""
         out: dict[int, dict[int, DDPUsage]] = {}
@@ -144,6 +121,23 @@ class Facts:
             current = out.setdefault(event.ddp, {}).get(rank)
             if current is None or event.iterations >= current.iterations:
                 out[event.ddp][rank] = event
+        return out
+
+    @functools.cached_property
+    def ddp_backwards(self) -> dict[int, dict[int, int]]:
+        """DDP module index -> rank -> backward passes DDP synchronized on it (the one a rank was in
+        when the job stopped included); every rank that wrapped the module is listed. Empty for
+        evidence written before ranks counted them."""
+        out: dict[int, dict[int, int]] = {}
+        for rank, event in self.evidence.events(DDPUsage):
+            if event.backwards is None:
+                return {}
+            counts = out.setdefault(event.ddp, {})
+            counts[rank] = max(counts.get(rank, 0), event.backwards)
+        for index, wraps in self.ddp_wraps.items():
+            if index in out:
+                for rank in wraps:
+                    out[index].setdefault(rank, 0)
         return out
 
     @functools.cached_property
@@ -195,59 +189,87 @@ class Facts:
 
     # -- data -------------------------------------------------------------------------------------
     @functools.cached_property
-    def loader_passes(self) -> dict[tuple[str, int], dict[int, LoaderPass]]:
-        """(loader, pass number) -> rank -> the whole pass, its parts merged."""
-        parts: dict[tuple[str, int, int], list[LoaderPass]] = {}
+    def _merged_loader_passes(self) -> dict[tuple[int, str, int], LoaderPass]:
+        """(rank, loader, raw pass number) -> the whole pass, its parts merged."""
+        parts: dict[tuple[int, str, int], list[LoaderPass]] = {}
         for rank, event in self.evidence.events(LoaderPass):
-            parts.setdefault((event.loader, event.number, rank), []).append(event)
+            parts.setdefault((rank, event.loader, event.number), []).append(event)
+        return {key: merge_parts(pieces) for key, pieces in parts.items()}
+
+    @functools.cached_property
+    def pass_numbers(self) -> dict[tuple[int, str, int], int]:
+        """(rank, loader, raw pass number) -> the pass's number as paired across ranks
+        (:mod:`ddpdoctor.analysis.passes`), for index passes and content passes alike."""
+        from ddpdoctor.schema.events import ContentPass
+
+        kinds: dict[tuple[int, str, int], tuple[str, Optional[int]]] = {}
+        for rank, event in self.evidence.events(ContentPass):
+            if event.source == "loader":
+                kinds[(rank, event.key, event.number)] = (
+                    passes.role(fed=bool(event.steps or event.ddp_forwards), complete=event.complete), event.epoch)
+        for (rank, loader, number), event in self._merged_loader_passes.items():  # the index probe's counters win
+            kinds[(rank, loader, number)] = (
+                passes.role(fed=bool(event.steps or event.ddp_forwards), complete=event.complete), event.sampler.epoch)
+        return passes.pair((rank, key, number, kind, epoch) for (rank, key, number), (kind, epoch) in kinds.items())
+
+    @functools.cached_property
+    def loader_passes(self) -> dict[tuple[str, int], dict[int, LoaderPass]]:
+        """(loader, pass number as paired across ranks) -> rank -> the whole pass, its parts merged."""
+        numbers = self.pass_numbers
         out: dict[tuple[str, int], dict[int, LoaderPass]] = {}
-        for (loader, number, rank), pieces in parts.items():
-            out.setdefault((loader, number), {})[rank] = merge_parts(pieces)
+        for (rank, loader, number), event in self._merged_loader_passes.items():
+            out.setdefault((loader, numbers[(rank, loader, number)]), {})[rank] = event
         return out
 
     @functools.cached_property
     def content_streams(self) -> "dict[tuple, dict[int, content.Stream]]":
-        """(source, key, feeds, number) -> rank -> that rank's sample fingerprints of the pass."""
+        """(source, key, feeds, number) -> rank -> that rank's sample fingerprints of the pass; loader
+        passes (and the loader pass a forward window's batches came from) numbered as paired across ranks."""
         from ddpdoctor.analysis import content
         from ddpdoctor.schema.events import ContentPass
 
-        return content.merge_streams(self.evidence.events(ContentPass))
+        numbers = self.pass_numbers
+        out: dict[tuple, dict] = {}
+        for (source, key, feeds, number), per_rank in content.merge_streams(self.evidence.events(ContentPass)).items():
+            for rank, stream in per_rank.items():
+                if source == "loader":
+                    number_here, feeds_here = numbers.get((rank, key, number), number), feeds
+                else:
+                    number_here, feeds_here = number, _paired_feed(numbers, rank, feeds)
+                out.setdefault((source, key, feeds_here, number_here), {})[rank] = stream
+        return out
 
     # -- collectives ------------------------------------------------------------------------------
     @functools.cached_property
-    def world_collectives(self) -> dict[int, list[Collective]]:
-        """Each rank's world-group collectives in call order (point-to-point and subgroups left out)."""
-        return {rank: [e for e in ev.of(Collective) if e.group is None and e.op not in POINT_TO_POINT]
-                for rank, ev in self.evidence.ranks.items()}
+    def world_traces(self) -> dict[int, RankTrace]:
+        """Each rank's numbered world-group collectives, DDP's own included (point-to-point and
+        subgroups left out)."""
+        missing = set(self.evidence.observations.missing_ranks)  # no trace at all (a rank that left no dump)
+        traces = {}
+        for rank, ev in self.evidence.ranks.items():
+            if rank in missing:
+                continue
+            init = ev.first(InitProcessGroup)
+            traces[rank] = trace_of(ev.of(Collective), ev.of(InternalCollectives), init.numbering if init else "calls")
+        return traces
 
     @functools.cached_property
-    def _collective_signatures(self) -> dict[int, list[tuple]]:
-        return {rank: [collective_signature(e) for e in trace] for rank, trace in self.world_collectives.items()}
-
-    def _first_mismatch(self, *, include_missing: bool) -> Optional[Mismatch]:
-        traces = self.world_collectives
-        if len(traces) < 2:
-            return None
-        signatures = self._collective_signatures
-        reference = next(iter(signatures.values()))
-        if all(s == reference for s in signatures.values()):
-            return None  # every rank made the same calls, the common case: compared as whole lists
-        longest = max(len(t) for t in traces.values())
-        shortest = min(len(t) for t in traces.values())
-        for i in range(longest if include_missing else shortest):
-            if len({s[i] if i < len(s) else None for s in signatures.values()}) > 1:
-                return Mismatch(n=i + 1, calls={r: (t[i] if i < len(t) else None) for r, t in traces.items()})
-        return None
+    def subgroup_mismatch(self) -> Optional[Mismatch]:
+        """The first call at which a subgroup's members issued different collectives or shapes
+        (``group`` names its global ranks)."""
+        missing = set(self.evidence.observations.missing_ranks)
+        return first_subgroup_mismatch(subgroup_traces(
+            {rank: ev.of(Collective) for rank, ev in self.evidence.ranks.items() if rank not in missing}))
 
     @functools.cached_property
     def collective_mismatch(self) -> Optional[Mismatch]:
-        """First sequence number where ranks that made it called different collectives or shapes."""
-        return self._first_mismatch(include_missing=False)
+        """First number at which ranks that reached it issued different collectives or shapes."""
+        return first_mismatch(self.world_traces, include_missing=False)
 
     @functools.cached_property
     def collective_divergence(self) -> Optional[Mismatch]:
-        """Like collective_mismatch, counting a collective some ranks never made as a difference."""
-        return self._first_mismatch(include_missing=True)
+        """Like collective_mismatch, counting a collective some ranks never issued as a difference."""
+        return first_mismatch(self.world_traces, include_missing=True)
 
     # -- failures ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -316,6 +338,27 @@ def merge_parts(parts: list[LoaderPass]) -> LoaderPass:
                                num_samples=None if opaque else sum(p.num_samples or 0 for p in parts))
 
 
+def _shorten(line: str, limit: int = 200) -> str:
+    """A long error line cut after its first sentences, or between words, never inside one."""
+    if len(line) <= limit:
+        return line
+    end = line.rfind(". ", 0, limit)
+    if end > limit // 3:
+        return line[: end + 1]
+    return textwrap.shorten(line, limit, placeholder=" …")
+
+
 def _is_secondary(message: str) -> bool:
     lowered = message.lower()
     return any(marker.lower() in lowered for marker in SECONDARY_MARKERS)
+
+
+def _paired_feed(numbers: dict[tuple[int, str, int], int], rank: int, feeds: Optional[str]) -> Optional[str]:
+    """A forward window's "loader#raw number" with the loader pass's number as paired across ranks."""
+    if not feeds or "#" not in feeds:
+        return feeds
+    key, _, raw = feeds.rpartition("#")
+    try:
+        return f"{key}#{numbers.get((rank, key, int(raw)), int(raw))}"
+    except ValueError:
+        return feeds

@@ -17,8 +17,11 @@ from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.analysis.bandwidth import collective_benchmark
 from ddpdoctor.analysis.environment import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.render.source import collect_sources
 from ddpdoctor.analysis.runner import Analysis
+from ddpdoctor.analysis.timeline import build_timeline
 from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.settings import GPU_VISIBLE
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
 
@@ -33,6 +36,9 @@ class CheckStatus:
     summary: str
     error: Optional[str] = None  # the check itself crashed
     incomplete: list[str] = field(default_factory=list)  # probes that failed, leaving it partly blind
+    # Its findings are symptoms of another check's root finding, listed there as consequences: the
+    # status stays "pass" (they never count), renderers show a consequence mark instead of a pass.
+    consequence_of: Optional[str] = None
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"id": self.id, "title": self.title, "status": self.status, "summary": self.summary}
@@ -40,12 +46,15 @@ class CheckStatus:
             out["error"] = self.error
         if self.incomplete:
             out["incomplete"] = self.incomplete
+        if self.consequence_of:
+            out["consequence_of"] = self.consequence_of
         return out
 
     @classmethod
     def from_json(cls, data: dict) -> "CheckStatus":
         return cls(id=data["id"], title=data["title"], status=data["status"], summary=data["summary"],
-                   error=data.get("error"), incomplete=list(data.get("incomplete", [])))
+                   error=data.get("error"), incomplete=list(data.get("incomplete", [])),
+                   consequence_of=data.get("consequence_of"))
 
 
 @dataclass
@@ -83,6 +92,12 @@ class Report:
     # (what the stop cut off, not judged), "ranks" (where each rank was)}
     interruption: Optional[dict] = None
     launch: dict = field(default_factory=dict)  # how the ranks were launched (Observations.launch): mode, detection, Slurm job
+    sources: dict = field(default_factory=dict)  # file -> {line: text} the findings point at (render/source.py)
+    timeline: Optional[dict] = None  # per-rank steps, collectives, stalls, exits (analysis/timeline.py)
+    launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines, kept off the screen
+    launcher_log_path: Optional[str] = None  # where the CLI wrote them
+    framework: Optional[dict] = None  # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
+    post_mortem: Optional[dict] = None  # `ddpdoctor analyze`: {"dumps", "error_files", "logs", "formats", "notes", ...}
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -147,6 +162,11 @@ class Report:
             "device_simulation": self.device_simulation,
             "interruption": self.interruption,
             "launch": self.launch,
+            "sources": self.sources,
+            "timeline": self.timeline,
+            "launcher_log": {"path": self.launcher_log_path, "lines": self.launcher_log} if self.launcher_log else None,
+            "framework": self.framework,
+            "post_mortem": self.post_mortem,
         }
 
     @classmethod
@@ -171,6 +191,11 @@ class Report:
             device_simulation=data.get("device_simulation"),
             interruption=data.get("interruption"),
             launch=dict(data.get("launch") or {}),
+            sources=dict(data.get("sources") or {}), timeline=data.get("timeline"),
+            launcher_log=list((data.get("launcher_log") or {}).get("lines") or []),
+            launcher_log_path=(data.get("launcher_log") or {}).get("path"),
+            framework=data.get("framework"),
+            post_mortem=data.get("post_mortem"),
         )
 
 
@@ -200,15 +225,33 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
         unsupported += [u for u in event.unsupported if u not in unsupported]
         ignored += [u for u in event.ignored if u not in ignored]
     events = list(last.values())
+    reasons = list(dict.fromkeys(e.reason for e in events if e.reason))
     return {"mode": events[0].mode, "active": any(e.active for e in events),
             "ranks": sorted(r for r, e in last.items() if e.active and r >= 0),
             "simulated": sorted(calls), "calls": dict(sorted(calls.items())), "unsupported": unsupported,
-            "ignored": ignored}
+            "ignored": ignored, "reason": "; ".join(reasons)}
+
+
+FRAMEWORK_TITLES = {"accelerate": "Accelerate", "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
+
+
+def framework_of(evidence: Evidence) -> Optional[dict]:
+    """The framework that set DDP up, as the report names it."""
+    found = evidence.facts.framework
+    if found is None:
+        return None
+    return {"name": found[0], "title": FRAMEWORK_TITLES.get(found[0], found[0]), "version": found[1]}
 
 
 def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
-    """The report header's line on device simulation, None when nothing was simulated."""
-    if not simulation or not simulation.get("active"):
+    """The report header's line on device simulation: what was simulated, or why ``auto`` left it off
+    (an explicit CPU choice); None when there is nothing to say."""
+    if not simulation:
+        return None
+    if not simulation.get("active"):
+        reason = simulation.get("reason") or ""
+        if simulation.get("mode") == "auto" and reason and reason != GPU_VISIBLE:
+            return f"device simulation off (auto): {reason}"
         return None
     if not (simulation.get("simulated") or simulation.get("unsupported") or simulation.get("ignored")):
         return None  # a CPU script: nothing to stand in for
@@ -226,14 +269,17 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
     backend, device = _backend_and_device(evidence)
     observations = evidence.observations
     starts = [e for _, e in evidence.events(ProcessStart)] + [e for e in evidence.unranked if isinstance(e, ProcessStart)]
+    shown = [f.to_json() for f in analysis.findings] + [f.to_json() for f, _ in analysis.suppressed]
     return Report(
+        sources=collect_sources(shown), timeline=build_timeline(evidence),
+        launcher_log=list(observations.launcher_log),
         torch_version=next((e.torch_version for e in starts if e.torch_version), ""),
         python_version=next((e.python_version for e in starts if e.python_version), ""),
         version=version, script=script, argv=argv, world_size=evidence.world_size, nnodes=evidence.nnodes,
         backend=backend, device=device, outcome=evidence.outcome, duration_s=duration_s,
         launch_mode=observations.launch_mode,
         checks=[CheckStatus(id=o.id, title=o.title, status=o.status, summary=o.summary, error=o.error,
-                            incomplete=o.incomplete) for o in analysis.outcomes],
+                            incomplete=o.incomplete, consequence_of=o.consequence_of) for o in analysis.outcomes],
         findings=analysis.findings,
         ranks=[{"rank": r, "host": ev.host, "node": ev.node_rank, "local_rank": ev.local_rank, "pid": ev.pid}
                for r, ev in sorted(evidence.ranks.items())],
@@ -249,6 +295,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         device_simulation=device_simulation(evidence),
         interruption=interruption_of(evidence, analysis),
         launch=observations.launch,
+        framework=framework_of(evidence),
     )
 
 

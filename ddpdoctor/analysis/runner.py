@@ -26,6 +26,7 @@ class CheckOutcome:
     status: str = "skip"
     summary: str = ""
     incomplete: list[str] = field(default_factory=list)  # probes that failed, leaving this check blind
+    consequence_of: Optional[str] = None  # its findings are symptoms of this check's root finding
 
 
 @dataclass
@@ -56,6 +57,7 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
         outcome.summary = outcome.result.summary
         if outcome.result.findings and not top and outcome.id in explained_by:
             outcome.summary += f" (a consequence of {explained_by[outcome.id]}, reported there)"
+            outcome.consequence_of = explained_by[outcome.id]
         elif outcome.result.findings and not top and outcome.id in reasons:
             outcome.summary += f" (suppressed inline: {reasons[outcome.id] or 'no reason given'})"
         outcome.incomplete = [p["probe"] for p in probe_errors

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import os
 import signal
 import sys
@@ -40,16 +39,11 @@ def main() -> None:
         sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
     _die_with_parent()
     quiet_numpy_warning()
+    # torchrun's own log lines (a worker failed, a death signal received) reach the supervisor, which
+    # keeps them off the screen (supervisor/output.py) and in the report's launcher log instead.
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
-
-    # ddpdoctor stops the workers itself and reports why: torchrun's own warnings about it ("Received
-    # 15 death signal, shutting down workers") are noise. Its modules set their loggers' levels
-    # themselves (LOGLEVEL), so each one is quietened, not only the parent.
-    for name in ["torch.distributed.elastic", *logging.root.manager.loggerDict]:
-        if name.startswith("torch.distributed.elastic"):
-            logging.getLogger(name).setLevel(logging.ERROR)
 
     try:
         run(parse_args(torchrun_args))

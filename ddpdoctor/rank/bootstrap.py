@@ -32,11 +32,15 @@ class Session:
     def __init__(self) -> None:
         config = rank_settings.RankSettings.from_env()
         self.rec = Recorder(config)
-        self.finish_probes = probes.install(self.rec)
+        self.rec.activity = "importing"  # torch and the probes: the live view shows it, with a timer
         self.watchdog = Watchdog(self.rec, interval_s=config.heartbeat_s)
         self.watchdog.start()
+        self.finish_probes = probes.install(self.rec)
+        self.rec.set_activity("starting")
 
     def record_exception(self, exc: BaseException) -> None:
+        headline = (str(exc).strip().splitlines() or [""])[0]
+        self.rec.exit_info = {"code": 1, "exception": f"{type(exc).__name__}: {headline}"[:160].rstrip(": ")}
         frames = callsite.traceback_user_frames(exc.__traceback__, limit=12)
         user = [f for f in frames if f["user"]]
         self.rec.emit(ExceptionEvent(
@@ -49,6 +53,8 @@ class Session:
         except Exception as exc:
             self.rec.probe_failed("lifecycle", exc, target="finish")
         self.rec.emit(Exit(code=exit_code))
+        if self.rec.exit_info is None:
+            self.rec.exit_info = {"code": exit_code}
         self.rec.set_activity("exited")
         self.watchdog.stop()
         self.rec.close()
@@ -68,6 +74,7 @@ def run_recorded(target: Callable[[], Any]) -> Any:
         result = target()
     except bounds.RunCut as cut:  # --max-steps / --max-epochs: a clean end, on purpose
         session.rec.emit(RunCutEvent(reason=cut.reason, at=cut.at))
+        session.rec.exit_info = {"code": 0, "cut": cut.reason}
         session.close(exit_code=0)
         return None
     except SystemExit as exc:

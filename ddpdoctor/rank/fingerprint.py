@@ -1,11 +1,15 @@
-"""Tensor fingerprints, compared across ranks: [L2 norm, max] per tensor.
+"""Tensor fingerprints, compared across ranks: the wrapping sum of each tensor's bytes as 64-bit words.
 
-Computed with fused multi-tensor kernels (``torch._foreach_norm``, ``torch._foreach_max``): a
-constant number of kernel launches per dtype and device, whatever the number of tensors, on the
-tensors' own device, and one device-to-host copy for everything a step fingerprints (gradients and
-parameters together, see :class:`Pending`). Identical replicas give bit-identical values; a missed
-all-reduce changes the norm, a sign flip (which keeps the norm) the max, which as one of the
-tensor's own values needs no accumulation. Norms accumulate in float32 (float64 tensors in float64).
+One read of every byte, nothing else: each tensor is viewed as int64 words (no copy) and summed
+modulo 2**64, on the tensor's own device, and a step's sums (gradients and parameters together, see
+:class:`Pending`) reach the host in one copy per device. Integer addition is associative, so the sum
+does not depend on the reduction order, the thread count or the kernel: identical replicas give
+identical sums everywhere, and any difference in any bit of any element changes the sum (unless
+other changes cancel it exactly), including the last-bit drift that a rank-dependent rounding
+(clipping with another thread count, a rank-dependent learning rate) leaves in the weights, which
+a float norm rounds away. Viewing a float tensor's bytes as int64 is a no-op view, and summing
+int64 runs at memory speed on the CPU, unlike a norm and a max (two reads) or a float64
+accumulation.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from typing import Optional, Sequence
 
 import torch
 
-Fingerprint = Optional[list]  # [norm, max] or None for a missing tensor (e.g. grad is None)
+Fingerprint = Optional[list]  # [word sum] or None for a missing tensor (e.g. grad is None)
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class Pending:
@@ -25,47 +29,48 @@ class Pending:
 
     def __init__(self, size: int, parts: list[tuple[list[int], torch.Tensor]], fixed: dict[int, list]) -> None:
         self.size = size
-        self.parts = parts  # (positions, 1-d tensor on a device: the k norms, then the k maxes)
+        self.parts = parts  # (positions, 1-d int64 tensor on a device: one sum per position)
         self.fixed = fixed  # position -> value known on the host already (None, empty or meta tensors)
 
     def values(self) -> list[Fingerprint]:
         return resolve(self)[0]
 
 
+def _word_sum(t: torch.Tensor) -> torch.Tensor:
+    """The wrapping int64 sum of ``t``'s bytes as 64-bit words (a 0-d tensor on ``t``'s device)."""
+    if not t.is_contiguous():
+        t = t.contiguous()  # rare for parameters and gradients; a copy, still exact
+    flat = t.reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.view(torch.uint8)
+    size = flat.element_size()
+    per_word = 8 // size if size < 8 else 1
+    head = (-flat.storage_offset()) % per_word  # elements before the first 8-byte boundary
+    body = (flat.numel() - head) // per_word * per_word
+    total = flat[head:head + body].view(torch.int64).sum() if body else torch.zeros((), dtype=torch.int64,
+                                                                                     device=flat.device)
+    edges = [flat[:head], flat[head + body:]]
+    for edge in edges:  # at most seven elements on either side: widened, summed as small integers
+        if edge.numel():
+            total = total + edge.view(_SAME_SIZE_INT[size]).to(torch.int64).sum()
+    return total
+
+
 @torch.no_grad()
 def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
-    """Launch the fingerprint kernels of ``tensors`` without waiting for them.
-
-    Per-tensor Python work is kept to attribute reads: on a 150-tensor model it is what costs most.
-    """
-    groups: dict[tuple[torch.device, torch.dtype], list[tuple[int, torch.Tensor]]] = defaultdict(list)
-    integers: list[tuple[int, torch.Tensor]] = []
+    """Launch the fingerprint kernels of ``tensors`` without waiting for them."""
+    groups: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)
     fixed: dict[int, list] = {}
     for i, t in enumerate(tensors):
         if t is None:
             fixed[i] = None
-            continue
-        dtype = t.dtype
-        if dtype.is_complex:
-            t = torch.view_as_real(t)
-            dtype = t.dtype
-        if t.numel() == 0 or t.is_meta:
-            fixed[i] = [0.0, 0.0]
-        elif dtype.is_floating_point:
-            groups[(t.device, dtype)].append((i, t))
+        elif t.numel() == 0 or t.is_meta:
+            fixed[i] = [0]
         else:
-            integers.append((i, t))
-    parts = []
-    for i, t in integers:  # integer buffers such as num_batches_tracked: few and tiny, still no sync here
-        wide = t.double()
-        parts.append(([i], torch.stack([wide.norm(), wide.max()])))
-    for (_, dtype), members in groups.items():  # per dtype: the fused kernels take one dtype at a time
-        tensors_ = [t for _, t in members]
-        # Accumulate float16/bfloat16 in float32, the others in their own precision: an explicit
-        # dtype for float32 takes a slower path on CUDA, and float64 is twenty times slower on the CPU.
-        norms = torch._foreach_norm(tensors_, 2, dtype=torch.float32 if dtype in _LOW_PRECISION else None)
-        maxes = torch._foreach_max(tensors_)
-        parts.append(([i for i, _ in members], torch.stack([*norms, *maxes])))
+            if t.is_complex():
+                t = torch.view_as_real(t)
+            groups[t.device].append((i, _word_sum(t.detach())))
+    parts = [([i for i, _ in members], torch.stack([s for _, s in members])) for members in groups.values()]
     return Pending(len(tensors), parts, fixed)
 
 
@@ -86,13 +91,12 @@ def resolve(*pending: Pending) -> list[list[Fingerprint]]:
         host = (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).tolist()  # the one copy (and sync)
         offset = 0
         for k, positions, _ in items:
-            count = len(positions)
             for j, position in enumerate(positions):
-                out[k][position] = [host[offset + j], host[offset + count + j]]
-            offset += 2 * count
+                out[k][position] = [host[offset + j]]
+            offset += len(positions)
     return out
 
 
 def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> list[Fingerprint]:
-    """[norm, max] for each tensor, None where the tensor is None (launch and resolve at once)."""
+    """[word sum] for each tensor, None where the tensor is None (launch and resolve at once)."""
     return start(tensors).values()

@@ -15,10 +15,35 @@ import threading
 import time
 from typing import Callable, Iterator, Optional
 
+from ddpdoctor.rank.clock import CollectiveClock
 from ddpdoctor.schema import layout
 from ddpdoctor.schema.events import Event, ProbeError
 from ddpdoctor.schema.observations import Heartbeat
 from ddpdoctor.schema.settings import RankSettings
+
+
+class StepTiming:
+    """When the phases of the running optimizer step began (wall times), for the report's timeline
+    and --trace: the first DDP forward, the first and last gradient, the optimizer's own step, and
+    the seconds spent waiting in DataLoader.__next__. Reset after every step."""
+
+    __slots__ = ("forward", "backward", "backward_end", "optimizer", "data_wait_s")
+
+    def __init__(self) -> None:
+        self.forward: Optional[float] = None
+        self.backward: Optional[float] = None
+        self.backward_end: Optional[float] = None
+        self.optimizer: Optional[float] = None
+        self.data_wait_s = 0.0
+
+    def encode(self, end: float) -> list:
+        """[data wait, then the seconds before ``end`` at which forward, backward, its end and the
+        optimizer step began] (None where unseen): the compact form a Step event carries."""
+        def before(t: Optional[float]) -> Optional[float]:
+            return None if t is None else round(max(0.0, end - t), 5)
+
+        return [round(self.data_wait_s, 5), before(self.forward), before(self.backward),
+                before(self.backward_end), before(self.optimizer)]
 
 
 class Recorder:
@@ -37,24 +62,40 @@ class Recorder:
         self.agent = settings.agent
         self.host = socket.gethostname()
         self.progress = 0  # bumped by every probe callback; a stalled value means a stalled rank
-        self.collective_seq = 0
+        self.clock = CollectiveClock(self._write)  # world-group collectives, DDP's own included
         self.last_collective: Optional[dict] = None
         self.num_steps = 0
         self.epoch: Optional[int] = None
         self.activity = "starting"
         self.activity_site: Optional[dict] = None
+        self.activity_t = time.time()  # when the activity last changed
+        self.passes = 0  # training loader passes completed: the live view's epoch without set_epoch
+        self.gradients_complete = False  # every DDP parameter got its gradient in the running backward
+        self.exit_info: Optional[dict] = None  # how the script ended, for the last heartbeat
+        self.timing = StepTiming()
         self.on_dump: list[Callable[[], None]] = []  # run by the watchdog when a stack dump is requested
         self._failed_probes: set[tuple[str, Optional[str], str]] = set()
         self._lock = threading.Lock()
+        self._owner = threading.get_ident()
         os.makedirs(self.evidence_dir, exist_ok=True)
         self._file = open(layout.events_path(self.evidence_dir, self.pid), "a", buffering=1)
 
+    @property
+    def collective_seq(self) -> int:
+        """World-group collectives this rank has taken part in so far (its collective clock)."""
+        return self.clock.units
+
     def emit(self, event: Event) -> None:
         """Append one event, stamped with time, rank, step and collective sequence."""
+        if threading.get_ident() == self._owner:  # the clock is read and booked by the main thread only
+            self.clock.sync()
         event.t = time.time()
+        self._write(event)
+
+    def _write(self, event: Event) -> None:
         event.rank = self.rank
         event.step = self.num_steps
-        event.seq = self.collective_seq
+        event.seq = self.clock.units
         line = json.dumps(event.to_json(), separators=(",", ":"), default=str)
         with self._lock:
             self.progress += 1
@@ -82,6 +123,8 @@ class Recorder:
             self.probe_failed(probe, exc, target=target)
 
     def set_activity(self, activity: str, site: Optional[dict] = None) -> None:
+        if activity != self.activity:
+            self.activity_t = time.time()
         self.activity = activity
         self.activity_site = site
         self.progress += 1
@@ -89,8 +132,9 @@ class Recorder:
     def heartbeat(self) -> Heartbeat:
         return Heartbeat(pid=self.pid, rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
                          node_rank=self.node_rank, agent=self.agent, host=self.host, t=time.time(),
-                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=self.collective_seq,
-                         activity=self.activity, site=self.activity_site, last_collective=self.last_collective)
+                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=self.clock.peek(),
+                         activity=self.activity, site=self.activity_site, last_collective=self.last_collective,
+                         passes=self.passes, exit=self.exit_info)
 
     def close(self) -> None:
         with self._lock:

@@ -6,7 +6,8 @@ a misspelt field is a TypeError, not a silently missing value.
 
 Every event carries the recorder's common fields: wall time ``t``, the global ``rank`` (None
 before the process group exists), ``step`` (optimizer steps this process completed) and ``seq``
-(collectives it had called), which orders events across ranks through collectives.
+(the number of world-group collectives it had taken part in, DDP's own included where the backend
+numbers them: see :class:`Collective`), which orders events across ranks through collectives.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ __all__ = [
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
     "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
-    "ContentPass",
+    "ContentPass", "InternalCollectives", "INTERNAL_PHASES",
 ]
 
-SCHEMA_VERSION = 3  # 3: step fingerprints as encoded strings
+SCHEMA_VERSION = 4  # 3: step fingerprints as encoded strings; 4: collectives numbered by the process group
 
 Site = list  # innermost-first user frames: [{"file", "line", "function"}]
 Frames = list  # outermost-first frames: [{"file", "line", "function", "code", "user"}]
@@ -101,6 +102,7 @@ class InitProcessGroup(Event):
     kind: ClassVar[str] = "init_pg"
     backend: str = ""
     world_size: int = 0
+    numbering: str = "calls"  # "pg": collectives numbered by the backend (DDP's own included); "calls": traced calls
     local_rank: Optional[int] = None
     node_rank: Optional[int] = None
     host: str = ""
@@ -167,12 +169,14 @@ class DeviceSimulation(Event):
     simulated and at exit, so the last event of a process holds its totals. ``calls``: what was
     simulated -> how many times ("nccl->gloo", "torch.cuda.set_device"...); ``unsupported``: calls
     that cannot be simulated (they raised in the script, or were ignored: ``ignored``); ``devices``:
-    the CUDA device indices the script asked for.
+    the CUDA device indices the script asked for; ``reason``: why the simulation is on or off (a GPU
+    is visible, the launcher or framework chose the CPU, ``--device``).
     """
 
     kind: ClassVar[str] = "device_sim"
     mode: str = "auto"
     active: bool = False
+    reason: str = ""
     calls: dict = field(default_factory=dict)
     unsupported: list = field(default_factory=list)
     ignored: list = field(default_factory=list)
@@ -194,6 +198,8 @@ class DDPWrap(Event):
     sync_batchnorm: bool = False
     device: str = "cpu"
     site: Site = field(default_factory=list)
+    framework: Optional[str] = None  # who built this DDP: "accelerate", "lightning" (Trainer), "fabric"
+    framework_version: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -236,6 +242,10 @@ class Step(Event):
     params: Optional[str] = None
     forwards: dict = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
+    # [seconds waited in DataLoader.__next__ since the previous step, then how many seconds before
+    # ``t`` the first DDP forward, the first gradient, the last gradient and the optimizer's step
+    # began] (None where not seen): the step's phases for the timeline and --trace.
+    timing: Optional[list] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -251,6 +261,7 @@ class DDPUsage(Event):
     kind: ClassVar[str] = "ddp_usage"
     ddp: int = 0
     iterations: int = 0
+    backwards: Optional[int] = None  # backward passes DDP synchronized, the one still running included
     unused: dict = field(default_factory=dict)  # str(param index) -> iterations without gradient
     last_unused: list = field(default_factory=list)
     final: bool = False
@@ -296,6 +307,7 @@ class LoaderPass(Event):
     domain: Optional[str] = None
     head: list = field(default_factory=list)
     tail: list = field(default_factory=list)
+    skipped_batches: int = 0  # batches the batch sampler skips before it yields (a resumed epoch: Accelerate's SkipBatchSampler)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -309,7 +321,10 @@ class ContentPass(Event):
     are this part's kept row hashes (63-bit, sorted, encoded as sample indices are): a row is kept
     while ``hash >> (63 - level)`` is 0, and ``level`` (cumulative) rises when a pass keeps too many,
     so the same rows are kept on every rank. ``order`` digests every row hash in order (cumulative);
-    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative.
+    ``head``/``tail`` are the first and last rows' hashes; counters are cumulative. Forward windows
+    also carry a digest of each forward's whole batch (``digests``, from forward ``first_forward``
+    on), so identical batches fed at the same training step on several ranks show however few rows
+    a batch has.
     """
 
     kind: ClassVar[str] = "content_pass"
@@ -335,13 +350,25 @@ class ContentPass(Event):
     steps: int = 0
     ddp_forwards: int = 0
     site: Site = field(default_factory=list)
+    set_epoch_method: Optional[bool] = None  # "loader": the dataset defines set_epoch (it means to vary by epoch)
+    dataset_epoch: Optional[int] = None  # "loader": the dataset's own epoch attribute when the pass started
+    declares_shuffle: Optional[bool] = None  # "loader": the dataset says it shuffles (a `shuffle` flag, HF's shuffling)
+    first_forward: Optional[int] = None  # "forward" windows: the module's training forward (1-based) of digests[0]
+    digests: list = field(default_factory=list)  # "forward" windows, this part: one digest per forward's whole batch
 
 
 # -- collectives --------------------------------------------------------------------------------
 
 @dataclass(kw_only=True, slots=True)
 class Collective(Event):
-    """A user-level torch.distributed call. ``group``: None for the world group, else its ranks."""
+    """A user-level torch.distributed call. ``group``: None for the world group, else its ranks.
+
+    ``n`` is the call's number on its group. Where the backend numbers its collectives (gloo and
+    NCCL do: the flight recorder's ``collective_seq_id``), ``n`` counts every collective the rank
+    took part in on that group, DDP's own included (see :class:`InternalCollectives`): a call that
+    issues several (``all_gather_object``: 2) is ``n`` .. ``n + units - 1``; point-to-point calls take
+    no number (``units`` 0). Elsewhere ``n`` counts the traced calls.
+    """
 
     kind: ClassVar[str] = "collective"
     op: str = ""
@@ -350,6 +377,37 @@ class Collective(Event):
     group: Any = None
     site: Site = field(default_factory=list)
     rank_branch: bool = False
+    units: int = 1  # collectives the call issued on its group, as numbered by ``n``
+    pg_seq: Optional[int] = None  # the backend's sequence number of its first collective (flight recorder id)
+
+
+# What issued collectives no traced call made: "ddp-init" (the constructor's broadcasts), "ddp-forward"
+# (buffer broadcast, first-iteration bucket rebuild), "ddp-backward" (gradient bucket all-reduces, the
+# find_unused_parameters bitmap), "other" (anything else: Join's shadow collectives, comm libraries).
+INTERNAL_PHASES = ("ddp-init", "ddp-forward", "ddp-backward", "other")
+
+
+@dataclass(kw_only=True, slots=True)
+class InternalCollectives(Event):
+    """Collectives on the world group that a library issued without a traced torch.distributed call.
+
+    They hold positions ``first`` .. ``first + count - 1`` of the rank's collective numbering (the
+    numbering of :attr:`Collective.n`), so a rank's whole sequence is known, DDP's own part included.
+    ``site``: the user's line that caused them (the DDP forward, ``loss.backward()``, the constructor);
+    ``grad``: whether a DDP forward prepared a backward (grad enabled, outside ``no_sync``); ``ops``:
+    [op, [[shape], dtype]] per collective where known (a flight recorder dump), else empty.
+    """
+
+    kind: ClassVar[str] = "internal_collectives"
+    first: int = 0
+    count: int = 0
+    phase: str = "other"
+    ddp: Optional[int] = None
+    grad: Optional[bool] = None
+    training: Optional[bool] = None
+    group: Any = None
+    ops: list = field(default_factory=list)
+    site: Site = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -371,6 +429,7 @@ class Save(Event):
     fingerprint: Optional[str] = None
     module_prefix: bool = False
     site: Site = field(default_factory=list)
+    dur_s: Optional[float] = None  # how long torch.save took (``t`` is when it returned)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -446,7 +505,8 @@ EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
                 DeviceSimulation,
-                DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective, JoinEvent, Save,
+                DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective,
+                InternalCollectives, JoinEvent, Save,
                 Load, DistributedCheckpoint,
                 RankEnvironment, RankDevices, CollectiveBenchmark,
                 ContentPass)
@@ -467,13 +527,22 @@ def _known_fields(data: dict, names: frozenset[str]) -> dict:
     return values
 
 
-def event_from_json(data: dict) -> Event:
-    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data."""
+def event_from_json(data: dict, *, owned: bool = False) -> Event:
+    """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data.
+
+    ``owned``: ``data`` was parsed for this call alone and may be consumed (no copy: a thousand-rank
+    job's evidence is millions of lines)."""
     cls = EVENT_KINDS.get(data.get("kind", ""))
     if cls is None:
         return UnknownEvent(kind_name=str(data.get("kind")), data=data, t=float(data.get("t") or 0.0),
                             rank=data.get("rank"))
-    values = _known_fields(data, _field_names(cls))
+    names = _field_names(cls)
+    if owned:
+        values = data
+        for key in values.keys() - names:  # "kind", and fields of a newer writer
+            del values[key]
+    else:
+        values = _known_fields(data, names)
     for name, nested_cls in cls.nested.items():
         if isinstance(values.get(name), dict):
             values[name] = nested_cls(**_known_fields(values[name], _field_names(nested_cls)))

@@ -22,7 +22,15 @@ def _known(cls: type, data: dict) -> dict:
 
 @dataclass(kw_only=True, slots=True)
 class Heartbeat:
-    """A rank's progress, written every heartbeat period by its watchdog."""
+    """A rank's progress, written every heartbeat period by its watchdog.
+
+    ``state``/``detail``/``since``/``where`` say what the rank does at ``t``, read from its main
+    thread's stack with the rules of :mod:`ddpdoctor.schema.rank_state` (one of its ``STATES``:
+    "computing", "waiting" in ``detail`` such as "all_reduce #5", "loading data", "finished",
+    "crashed"...); ``since`` is when that began. ``activity`` stays the probes' own note, which the
+    hang policy reads. Watchdogs beat on wall-clock ticks, so every rank's counters are sampled at
+    the same instant and steps compare across ranks.
+    """
 
     pid: int
     rank: Optional[int] = None
@@ -39,6 +47,12 @@ class Heartbeat:
     activity: str = "starting"
     site: Optional[dict] = None
     last_collective: Optional[dict] = None  # {"op", "n", "site"}: what this rank last enqueued
+    state: str = "starting"
+    detail: Optional[str] = None
+    since: Optional[float] = None  # wall time the state (with its detail) began
+    where: Optional[dict] = None  # {"file", "line", "function"}: the innermost frame of the user's code
+    passes: int = 0  # passes over the training loader completed (the epoch, when set_epoch is never called)
+    exit: Optional[dict] = None  # how the script ended: {"code", "exception", "cut"}
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -165,6 +179,7 @@ class Observations:
     missing_ranks: list = field(default_factory=list)
     stalls: list = field(default_factory=list)  # [StopSnapshot]: no-progress episodes that resolved
     min_busbw_gbps: Optional[float] = None  # --min-busbw: the collective-bandwidth check's floor
+    launcher_log: list = field(default_factory=list)  # torchrun's own log lines, kept off the screen
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
@@ -172,7 +187,7 @@ class Observations:
                 "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
                 "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
                 "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls],
-                "min_busbw_gbps": self.min_busbw_gbps}
+                "min_busbw_gbps": self.min_busbw_gbps, "launcher_log": list(self.launcher_log)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Observations":
@@ -185,4 +200,4 @@ class Observations:
                    output_tails={int(r): list(v) for r, v in (data.get("output_tails") or {}).items()},
                    missing_ranks=list(data.get("missing_ranks") or []),
                    stalls=[StopSnapshot.from_json(s) for s in data.get("stalls") or []],
-                   min_busbw_gbps=data.get("min_busbw_gbps"))
+                   min_busbw_gbps=data.get("min_busbw_gbps"), launcher_log=list(data.get("launcher_log") or []))

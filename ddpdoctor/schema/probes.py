@@ -18,6 +18,9 @@ PROBE_CHECKS: dict[str, tuple[str, ...]] = {
     "environment": ("env-consistency",),
     "device": (ALL_CHECKS,),  # a GPU script that is not simulated cannot run on a CPU-only machine at all
     "content": ("sampler-disjoint", "set-epoch"),
+    "flight-recorder": ("collective-hang",),  # `ddpdoctor analyze`: what a dump could not show (a full ring buffer)
+    "flight-recorder-missing": ("collective-hang", "rank-failure"),  # `ddpdoctor analyze`: a rank left no dump
+    "flight-recorder-dump": (),  # `check --keep-evidence` writing the ranks' dumps: no check relies on them
 }
 
 

@@ -18,10 +18,26 @@ ACTIVE = "DDPDOCTOR_ACTIVE"  # set inside a job ddpdoctor runs: a nested `ddpdoc
 AGENT = "DDPDOCTOR_AGENT"  # index of the torchrun agent (simulated node) that started this rank
 MAX_STEPS = "DDPDOCTOR_MAX_STEPS"
 MAX_EPOCHS = "DDPDOCTOR_MAX_EPOCHS"
-DEVICE = "DDPDOCTOR_DEVICE"  # device simulation: auto | cpu | native (ddpdoctor.rank.devicesim)
+DEVICE = "DDPDOCTOR_DEVICE"  # device simulation: auto | simulate (alias cpu) | native (ddpdoctor.rank.devicesim)
 NPROC_PER_NODE = "DDPDOCTOR_NPROC_PER_NODE"  # simulated GPUs per node where LOCAL_WORLD_SIZE is unset (mp.spawn)
+FR_DUMPS = "DDPDOCTOR_FR_DUMPS"  # --keep-evidence: ranks write flight recorder dumps into the evidence folder
 
 DEFAULT_HEARTBEAT_S = 0.5
+
+# Device simulation (CUDA/NCCL on CPU ranks): "auto" where the ranks see no GPU and nothing chose the
+# CPU, "simulate" always, "native" never. "cpu" is the old name of "simulate", kept as an alias.
+DEVICE_MODES = ("auto", "simulate", "native")
+DEVICE_ALIASES = {"cpu": "simulate"}
+GPU_VISIBLE = "a GPU is visible"  # why "auto" left the simulation off on a GPU machine (nothing to report)
+
+
+def device_mode(value: str) -> str:
+    """The device mode ``value`` names (an alias resolved); ValueError for anything else."""
+    mode = DEVICE_ALIASES.get(value, value)
+    if mode not in DEVICE_MODES:
+        names = ", ".join((*DEVICE_MODES, *(f"{a} (= {m})" for a, m in DEVICE_ALIASES.items())))
+        raise ValueError(f"--device must be one of {names}, not {value!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -34,8 +50,9 @@ class RankSettings:
     agent: Optional[int] = None
     max_steps: Optional[int] = None  # stop the script cleanly after this many optimizer steps
     max_epochs: Optional[int] = None  # ... or when a training loader starts this many + 1 passes
-    device: str = "auto"  # simulate CUDA/NCCL on CPU: "auto" (when there is no GPU), "cpu" (always), "native"
+    device: str = "auto"  # simulate CUDA/NCCL on CPU: "auto", "simulate" (always), "native" (see DEVICE_MODES)
     nproc_per_node: Optional[int] = None  # GPUs a simulated node shows before workers exist (mp.spawn launcher)
+    flight_recorder_dumps: bool = False  # write flight recorder dumps (at the end, on a hang) for --keep-evidence
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RankSettings":
@@ -46,7 +63,8 @@ class RankSettings:
                    max_steps=int(env[MAX_STEPS]) if env.get(MAX_STEPS) else None,
                    max_epochs=int(env[MAX_EPOCHS]) if env.get(MAX_EPOCHS) else None,
                    device=env.get(DEVICE) or "auto",
-                   nproc_per_node=int(env[NPROC_PER_NODE]) if env.get(NPROC_PER_NODE) else None)
+                   nproc_per_node=int(env[NPROC_PER_NODE]) if env.get(NPROC_PER_NODE) else None,
+                   flight_recorder_dumps=env.get(FR_DUMPS) == "1")
 
     def to_env(self) -> dict[str, str]:
         env = {EVIDENCE_DIR: self.evidence_dir, FINGERPRINT_EVERY: str(self.fingerprint_every),
@@ -60,4 +78,6 @@ class RankSettings:
         env[DEVICE] = self.device
         if self.nproc_per_node is not None:
             env[NPROC_PER_NODE] = str(self.nproc_per_node)
+        if self.flight_recorder_dumps:
+            env[FR_DUMPS] = "1"
         return env

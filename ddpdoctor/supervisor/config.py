@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from importlib.util import find_spec
 from typing import Optional
 
+from ddpdoctor.schema.settings import device_mode
+
 LAUNCH_MODES = ("auto", "torchrun", "spawn")
-DEVICE_MODES = ("auto", "cpu", "native")  # device simulation: ddpdoctor.rank.devicesim
 
 
 def reference_script() -> str:
@@ -60,7 +61,7 @@ class RunConfig:
     keep_evidence: Optional[str] = None
     extra_env: dict = field(default_factory=dict)
     min_busbw_gbps: Optional[float] = None  # --min-busbw: the reference job's collectives must reach this (GB/s)
-    device: str = "auto"  # simulate CUDA/NCCL on CPU: auto (when the ranks see no GPU), cpu (always), native
+    device: str = "auto"  # simulate CUDA/NCCL on CPU: auto, simulate (alias cpu: always), native; see device_mode
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -76,8 +77,7 @@ class RunConfig:
             raise ValueError("--fingerprint-every must be 0 (automatic) or a positive number of steps")
         if self.launch not in LAUNCH_MODES:
             raise ValueError(f"--launch must be one of {', '.join(LAUNCH_MODES)}")
-        if self.device not in DEVICE_MODES:
-            raise ValueError(f"--device must be one of {', '.join(DEVICE_MODES)}, not {self.device!r}")
+        object.__setattr__(self, "device", device_mode(self.device))  # "cpu" -> "simulate"
         for name, value in (("--max-steps", self.max_steps), ("--max-epochs", self.max_epochs)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1")

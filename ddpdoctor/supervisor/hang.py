@@ -15,23 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ddpdoctor.schema import rank_state
 from ddpdoctor.schema.observations import Heartbeat
 
 MIN_ADAPTIVE_S = 30.0
 STEP_FACTOR = 10.0
-
-_DDP_FILE = "torch/nn/parallel/distributed.py"
-# (function or code fragment in DDP's own frames, what the rank waits in), most specific first.
-_DDP_WAITS = (
-    ("_rebuild_buckets", "DDP's first-iteration bucket rebuild (a broadcast of the bucket order from rank 0)"),
-    ("_sync_buffers", "DDP's buffer broadcast"),
-    ("_sync_module_buffers", "DDP's buffer broadcast"),
-    ("_default_broadcast_coalesced", "DDP's buffer broadcast"),
-    ("_check_global_requires_backward_grad_sync", "Join's check of which ranks still train"),
-    ("_verify_param_shape_across_processes", "DDP's constructor (checking parameter shapes across ranks)"),
-    ("_sync_params_and_buffers", "DDP's constructor (broadcasting parameters from rank 0)"),
-    ("__init__", "DDP's constructor"),
-)
 
 
 @dataclass
@@ -77,44 +65,6 @@ class HangDetector:
 
 
 def classify(stack: list[dict], heartbeat: Optional[Heartbeat]) -> tuple[str, Optional[str]]:
-    """(state, what it waits in) of a stalled rank: "waiting", "busy" or "computing"."""
-    activity = heartbeat.activity if heartbeat else ""
-    if activity.startswith("in "):  # inside a traced torch.distributed call
-        return "waiting", activity[3:]
-    files = [(f.get("file") or "").replace("\\", "/") for f in stack]
-    ddp_frames = [f for f, path in zip(stack, files) if path.endswith(_DDP_FILE)]
-    if ddp_frames:
-        innermost = ddp_frames[-1]
-        for needle, what in _DDP_WAITS:
-            if needle == innermost.get("function") or needle in (innermost.get("code") or ""):
-                return "waiting", what
-    if any("torch/autograd" in path for path in files):
-        return "waiting", "the backward pass (DDP's gradient all-reduce)"
-    if any("torch/distributed" in path for path in files):
-        inner = next((f for f, p in zip(reversed(stack), reversed(files)) if "torch/distributed" in p), {})
-        return "waiting", f"a torch.distributed call ({inner.get('function', '?')})"
-    if ddp_frames:
-        return "waiting", "DDP's forward"
-    if not stack:
-        return "waiting", activity or "an unknown place"
-    if stack[-1].get("user"):
-        return "computing", None
-    user = [f for f in stack if f.get("user")]
-    caller = f" called from {user[-1]['file'].rsplit('/', 1)[-1]}:{user[-1]['line']}" if user else ""
-    return "busy", _busy_in(stack, files) + caller
-
-
-_KNOWN_BUSY = (
-    ("torch/utils/data", "the DataLoader (waiting for a batch)"),
-    ("torch/serialization.py", "torch.save / torch.load"),
-    ("torch/distributed/checkpoint", "torch.distributed.checkpoint"),
-)
-
-
-def _busy_in(stack: list[dict], files: list[str]) -> str:
-    """The library call a busy rank is in: a known torch component, else the innermost frame."""
-    for needle, what in _KNOWN_BUSY:
-        if any(needle in path for path in files):
-            return what
-    innermost = stack[-1]
-    return f"{innermost.get('function')} ({innermost.get('file', '').rsplit('/', 1)[-1]})"
+    """(state, what it waits in) of a stalled rank: "waiting", "busy" or "computing" (the rules live
+    in :mod:`ddpdoctor.schema.rank_state`, shared with the ranks' live view)."""
+    return rank_state.classify(stack, heartbeat.activity if heartbeat else "")

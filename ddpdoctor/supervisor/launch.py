@@ -30,6 +30,7 @@ SPAWN_CALLS = {"spawn", "start_processes"}
 _RANK_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank")
 BOOTSTRAP = os.path.join(_RANK_DIR, "bootstrap.py")
 AGENT = os.path.join(_RANK_DIR, "agent.py")
+FR_BUFFER_SIZE = "2000"  # flight recorder entries per rank (torch 2.13's default; older torch: 0, off)
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                   "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")
 
@@ -140,10 +141,13 @@ def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool)
             env.pop(name, None)
     env.update(settings.RankSettings(evidence_dir=evidence_dir, fingerprint_every=config.fingerprint_every,
                                      max_steps=config.max_steps, max_epochs=config.max_epochs,
-                                     device=config.device, nproc_per_node=config.nproc_per_node).to_env())
+                                     device=config.device, nproc_per_node=config.nproc_per_node,
+                                     flight_recorder_dumps=config.keep_evidence is not None).to_env())
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, without its banner
     env["PYTHONUNBUFFERED"] = "1"  # rank output shows up live, not at exit
     env.update(config.extra_env)
+    if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+        env["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_SIZE  # the flight recorder on, unless the user chose its size
     return env
 
 

@@ -105,6 +105,9 @@ class Monitor:
                 continue
             threshold = self.detector.threshold_s()
             age = self.detector.job_stall_age(now, set(live)) if live else 0.0
+            progress = getattr(self.display, "progress", None)
+            if progress is not None:  # the live view's "no progress 12 s / hang at 30 s"
+                progress(age, threshold)
             if age <= threshold:
                 if stall is not None:
                     result.stalls.append(stall)

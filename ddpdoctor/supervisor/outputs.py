@@ -1,11 +1,14 @@
-"""Where a finished report goes: the terminal, and any combination of JSON, JUnit, SARIF,
-Markdown and GitHub Actions annotations with a step summary."""
+"""Where a finished report goes: the terminal, and any combination of JSON, JUnit, SARIF, Markdown,
+HTML, a Chrome trace and GitHub Actions annotations with a step summary; torchrun's own log lines go
+to a log file the report names."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import tempfile
+import time
 from typing import Iterator, Optional
 
 from rich.console import Console
@@ -53,11 +56,39 @@ def github_command_guard(*, enabled: bool) -> Iterator[None]:
         print(github_format.resume_line(token), flush=True)
 
 
+def launcher_log_path(report: Report) -> str:
+    """Where torchrun's own log lines of this run go: the temporary directory, named by time and pid."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join(tempfile.gettempdir(), "ddpdoctor", f"torchrun-{stamp}-{os.getpid()}.log")
+
+
+def write_launcher_log(report: Report) -> None:
+    """torchrun's log lines (kept off the screen) into a file the report names; once per report."""
+    if not report.launcher_log or report.launcher_log_path:
+        return
+    path = launcher_log_path(report)
+    try:
+        _write(path, "\n".join(report.launcher_log) + "\n")
+    except OSError:
+        return  # the lines stay in the JSON report
+    report.launcher_log_path = path
+
+
 def write_all(report: Report, *, console: Console, plain: bool, fail_on: str, json_path: Optional[str],
-              junit: Optional[str], sarif: Optional[str], markdown: Optional[str], github: bool) -> None:
+              junit: Optional[str], sarif: Optional[str], markdown: Optional[str], github: bool,
+              html: Optional[str] = None, trace: Optional[str] = None) -> None:
     root = repo_root()
+    write_launcher_log(report)
     if json_path:  # the files first: nothing the terminal does can lose them
         write_json(report, json_path)
+    if html:
+        from ddpdoctor.analysis.render.html import render_html
+
+        _write(html, render_html(report, fail_on=fail_on))
+    if trace:
+        from ddpdoctor.analysis.render.trace import render_trace
+
+        _write(trace, json.dumps(render_trace(report), separators=(",", ":")) + "\n")
     if junit:
         from ddpdoctor.analysis.render.junit import render_junit
 

@@ -71,6 +71,7 @@ def _run(config: RunConfig, display: Display, signals: StopSignals) -> "Report":
         collected = transport.collect()
         collected.failures = _agent_failures(plan.agent_outputs)
         collected.output_tails = router.tail_lists()
+        collected.launcher_log = router.launcher_lines()
         _keep_evidence(config, evidence_dir)
         failed = any(code != 0 for code in job.exit_codes)
         return _report(config, plan, script, collected, result, failed=failed, started=started)
@@ -122,9 +123,10 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
-        launch_mode=plan.mode, launch=_launch_info(plan), failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
+        launch_mode=plan.mode, launch=_launch_info(plan), failures=collected.failures, stop=result.stop,
+        timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
-        min_busbw_gbps=config.min_busbw_gbps)
+        min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
     from ddpdoctor.analysis.evidence import Evidence, parse_lines  # the analysis side: rank 0 only, inside a launch
     from ddpdoctor.analysis.report import build_report
     from ddpdoctor.analysis.runner import analyze

@@ -28,9 +28,9 @@ KEYS: dict[str, tuple[type, ...]] = {
     "fail-on": (str,), "exit-zero": (bool,), "launch": (str,), "fingerprint-every": (int,),
     "max-steps": (int,), "max-epochs": (int,), "select": (list,), "ignore": (list,), "json": (str,),
     "junit": (str,), "sarif": (str,), "markdown": (str,), "github": (bool,), "quiet": (bool,),
-    "plain": (bool,), "device": (str,), "min-busbw": (int, float),
+    "plain": (bool,), "device": (str,), "min-busbw": (int, float), "html": (str,), "trace": (str,),
 }
-PATH_KEYS = ("json", "junit", "sarif", "markdown")
+PATH_KEYS = ("json", "junit", "sarif", "markdown", "html", "trace")
 
 
 def find_pyproject(start: str) -> Optional[str]:

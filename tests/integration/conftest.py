@@ -53,24 +53,19 @@ class CheckRun:
         return [f for f in found if severity is None or f["severity"] == severity]
 
 
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+# Every process this test session starts inherits this marker, so the leftover check finds this
+# session's orphans (reparented to init) and never touches another session's processes.
+SESSION_MARKER = f"DDPDOCTOR_TEST_SESSION={os.getpid()}"
+os.environ["DDPDOCTOR_TEST_SESSION"] = str(os.getpid())
 
 
 def _ours(pid: int) -> bool:
-    """Started by this test session: a descendant of pytest, or an orphan adopted by init."""
-    parent = _parent(pid)
-    if parent == 1:
-        return True
-    while parent > 1:
-        if parent == os.getpid():
-            return True
-        parent = _parent(parent)
-    return False
+    """Started by this test session: its environment carries the session's marker."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return SESSION_MARKER.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def our_processes() -> list[str]:

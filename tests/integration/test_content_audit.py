@@ -74,18 +74,30 @@ def test_hand_written_batches_are_compared_by_content(run_check):
     assert "compared by content" in summary
 
 
-def test_stream_in_the_same_order_every_epoch_is_a_set_epoch_warning(run_check):
-    run = run_check("bad_content_stream_same_order.py")
+@pytest.mark.parametrize("flags, message", [
+    (("--reshuffle", "--forget-set-epoch"), "set_epoch is never called"),
+    (("--fixed-permutation",), "same permutation every epoch"),
+])
+def test_a_stream_meant_to_be_reshuffled_in_the_same_order_every_epoch_is_a_set_epoch_warning(run_check, flags, message):
+    run = run_check("stream_epoch_order.py", script_args=list(flags))
     assert run.returncode == 1, run.output[-3000:]
     assert run.roots() == {"set-epoch": "warning"}, run.output[-3000:]
     (finding,) = run.findings("set-epoch")
     assert finding["ranks"] == [0, 1]
     assert finding["evidence"]["basis"] == "content"
-    assert finding["evidence"]["dataset_type"] == "ShardedStream"
-    assert "set_epoch(epoch)" in finding["fix"]
+    assert message in finding["message"]
+    assert "epoch" in finding["fix"]
+
+
+def test_a_stream_in_its_natural_order_every_epoch_is_info_at_most(run_check):
+    run = run_check("stream_epoch_order.py")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.serious() == [], run.serious()
+    (finding,) = run.findings("set-epoch")
+    assert finding["severity"] == "info" and finding["evidence"]["dataset_type"] == "ShardedStream"
 
 
 def test_stream_reshuffled_every_epoch_stays_clean(run_check):
-    run = run_check("bad_content_stream_same_order.py", script_args=["--reshuffle"])
+    run = run_check("stream_epoch_order.py", script_args=["--reshuffle"])
     assert run.returncode == 0, run.output[-3000:]
     assert run.findings() == [], run.findings()

@@ -1,6 +1,8 @@
 """Device simulation: GPU-written fixtures (NCCL, CUDA tensors, torch.cuda / torch.accelerator,
-autocast, GradScaler, SyncBatchNorm) run on this CPU-only machine and give the same findings as
-their CPU twins (`--cpu`); their known-bad twins (`--bug`) are found under simulation too."""
+autocast, GradScaler, SyncBatchNorm, transformers models, CUDA generators) run on this CPU-only
+machine and give the same findings as their CPU twins (`--cpu`); their known-bad twins (`--bug`)
+are found under simulation too. An explicit CPU choice of the launcher or framework turns the
+simulation off in `auto`, and the report says so."""
 
 from __future__ import annotations
 
@@ -64,5 +66,68 @@ def test_native_mode_does_not_simulate(run_check):
     run = run_check("gpu_trainer.py", "--device", "native")
     assert run.returncode == 1
     assert run.report["device_simulation"] == {"mode": "native", "active": False, "ranks": [], "simulated": [],
-                                               "calls": {}, "unsupported": [], "ignored": []}
+                                               "calls": {}, "unsupported": [], "ignored": [],
+                                               "reason": "--device native"}
     assert run.findings("rank-failure", "error")
+
+
+def _all_findings(run) -> set:
+    """(check, severity) of every top-level finding, info included."""
+    return {(f["check"], f["severity"]) for f in run.findings()}
+
+
+def test_a_transformers_script_with_a_cuda_generator_runs_clean_under_simulation(run_check):
+    run = run_check("gpu_transformers.py")
+    assert run.returncode == 0, run.output[-3000:]
+    assert _all_findings(run) == set(), run.report["findings"]
+    assert run.report["outcome"] == "completed"
+    sim = run.report["device_simulation"]
+    assert sim["active"] is True and sim["reason"] == "no GPU visible"
+    assert {"nccl->gloo", "torch.Generator(cuda)->cpu", "cuda modules->cpu", "DDP device_ids->cpu",
+            "autocast(cuda)->autocast(cpu, bfloat16)", "torch.cuda.set_device"} <= set(sim["simulated"]), sim
+    assert sim["unsupported"] == []
+
+
+def test_its_known_bad_twin_is_exactly_a_gradient_sync_error(run_check):
+    run = run_check("gpu_transformers.py", script_args=("--bug", "module-forward"))
+    assert run.returncode == 1, run.output[-3000:]
+    assert _all_findings(run) == {("gradient-sync", "error")}, run.report["findings"]
+    assert run.consequences() == []
+    assert run.report["device_simulation"]["active"] is True
+
+
+@pytest.mark.parametrize("variable, value, steps", [("ACCELERATE_USE_CPU", "true", "6"),
+                                                    ("PL_TRAINER_ACCELERATOR", "cpu", "5")])
+def test_an_explicit_cpu_choice_turns_the_simulation_off(run_check, monkeypatch, variable, value, steps):
+    """The script logs its GPU (with a CUDA-only call) whenever torch.cuda.is_available(): with a
+    simulated GPU it crashed, though plain torchrun runs it on the CPU the launcher chose."""
+    monkeypatch.setenv(variable, value)
+    # run_check shares runs by options and arguments, not by environment: --steps keeps these apart
+    run = run_check("gpu_cpu_choice.py", script_args=("--steps", steps))
+    assert run.returncode == 0, run.output[-3000:]
+    assert _all_findings(run) == set(), run.report["findings"]
+    sim = run.report["device_simulation"]
+    assert sim["mode"] == "auto" and sim["active"] is False and sim["simulated"] == []
+    assert sim["reason"].startswith(f"{variable}={value} ") and sim["reason"].endswith("chose the CPU")
+    assert f"device simulation off (auto): {variable}={value}" in run.output
+
+
+def test_under_an_explicit_cpu_choice_the_known_bad_twin_is_exactly_a_gradient_sync_error(run_check, monkeypatch):
+    monkeypatch.setenv("LT_ACCELERATOR", "cpu")
+    run = run_check("gpu_cpu_choice.py", script_args=("--bug", "module-forward"))
+    assert run.returncode == 1, run.output[-3000:]
+    assert _all_findings(run) == {("gradient-sync", "error")}, run.report["findings"]
+    assert run.report["device_simulation"]["active"] is False
+
+
+def test_simulate_mode_and_its_old_name_simulate_despite_the_cpu_choice(run_check, monkeypatch):
+    """`--device cpu` is `--device simulate`: it overrides the choice, so the GPU-only log is run and
+    its CUDA-only call fails as in a CPU-only torch, reported as not simulable."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    run = run_check("gpu_cpu_choice.py", "--device", "cpu")
+    assert run.returncode == 1
+    sim = run.report["device_simulation"]
+    assert sim["mode"] == "simulate" and sim["active"] is True and sim["reason"] == "--device simulate"
+    assert sim["unsupported"] == ["torch.cuda.nccl.version"]
+    failures = run.findings("rank-failure", "error")
+    assert failures and "torch.cuda.nccl.version cannot be simulated on CPU" in failures[0]["message"]

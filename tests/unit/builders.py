@@ -8,6 +8,7 @@ and a field the schema does not have is a TypeError here too. Nothing here impor
 from __future__ import annotations
 
 import copy
+import struct
 from typing import Iterable, Optional, Union
 
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
@@ -150,8 +151,9 @@ def usage(iterations: int, unused: Optional[dict[int, int]] = None, *, ddp: int 
 
 
 def fp(*values: float) -> list:
-    """Fingerprints [[sum, norm], ...], one per value (sum = value, norm = abs(value) + 1)."""
-    return [[float(v), abs(float(v)) + 1.0] for v in values]
+    """Word-sum fingerprints [[sum], ...], one per value: equal values give equal fingerprints, any
+    other value another one (the float64 bit pattern of the value, as a signed 64-bit integer)."""
+    return [[struct.unpack("<q", struct.pack("<d", float(v)))[0]] for v in values]
 
 
 def buffers(forward: int, fingerprints: list, *, ddp: int = 0) -> ev.BufferFingerprint:
@@ -211,11 +213,22 @@ def loader_pass(indices: list[int], *, loader: str = f"{SCRIPT}:12", number: int
 
 def collective(op: str, n: int, shape: Optional[list] = (4,), dtype: str = "float32", *, line: int = 60,
                group=None, t: Optional[float] = None, tensors: Optional[list] = None,
-               rank_branch: bool = False) -> ev.Collective:
+               rank_branch: bool = False, units: int = 1) -> ev.Collective:
     if tensors is None:
         tensors = [] if shape is None else [[list(shape), dtype]]
     return ev.Collective(t=float(n) if t is None else t, seq=n, op=op, n=n, tensors=tensors, group=group,
-                         site=site(line), rank_branch=rank_branch)
+                         site=site(line), rank_branch=rank_branch, units=units)
+
+
+def internal(first: int, count: int = 1, phase: str = "ddp-backward", *, line: int = 70, grad: Optional[bool] = None,
+             training: Optional[bool] = None, ddp: Optional[int] = 0, t: Optional[float] = None,
+             ops: Optional[list] = None, file: str = SCRIPT) -> ev.InternalCollectives:
+    """Collectives a library (DDP) issued at numbers first .. first + count - 1, booked to ``line``."""
+    if phase == "ddp-forward" and grad is None:
+        grad = True
+    return ev.InternalCollectives(t=float(first) if t is None else t, seq=first + count - 1, first=first, count=count,
+                                  phase=phase, ddp=ddp, grad=grad, training=training, ops=list(ops or []),
+                                  site=site(line, file=file))
 
 
 def join(phase: str = "enter", line: int = 70) -> ev.JoinEvent:

@@ -94,3 +94,31 @@ def test_no_cycle_when_two_findings_could_explain_each_other():
 def test_without_a_process_group_the_copies_disagreeing_is_a_consequence():
     roots = link([finding("sampler-disjoint"), finding("not-distributed", kind="no-process-group")])
     assert checks(roots) == [("not-distributed", ["sampler-disjoint"])]
+
+
+def test_a_rank_that_left_its_loop_early_is_the_root_of_ddps_unmatched_all_reduce():
+    orphan = finding("collective-hang", kind="orphan", culprit_phase="ddp-backward")
+    roots = link([orphan, finding("uneven-inputs", cause="control-flow"), finding("rank-failure", secondary_only=True)])
+    assert checks(roots) == [("uneven-inputs", ["collective-hang", "rank-failure"])]
+
+
+def test_a_users_call_some_ranks_skipped_stays_the_root_of_the_uneven_counts():
+    hang = finding("collective-hang", kind="hang", culprit_phase="call")
+    roots = link([finding("uneven-inputs", cause="control-flow"), hang])
+    assert checks(roots) == [("collective-hang", ["uneven-inputs"])]
+
+
+def test_the_crash_of_a_reader_of_a_torn_checkpoint_is_a_consequence_of_the_race():
+    race = finding("rank0-checkpoint", reader=1, writer=0, read_error="RuntimeError: PytorchStreamReader failed")
+    roots = link([race, finding("rank-failure", rank=1, secondary_only=False)])
+    assert checks(roots) == [("rank0-checkpoint", ["rank-failure"])]
+    other = link([race, finding("rank-failure", rank=0, secondary_only=False)])
+    assert checks(other) == [("rank0-checkpoint", []), ("rank-failure", [])]
+
+
+def test_iteration_counts_a_hang_cut_short_follow_from_the_hang():
+    """A rank stuck in a rank-only barrier ran fewer DDP iterations than its peer, with no loader
+    pass to tell why (cause unknown): the counts are the hang's consequence."""
+    hang = finding("collective-hang", kind="hang", culprit_phase="call")
+    roots = link([hang, finding("uneven-inputs", cause="unknown")])
+    assert checks(roots) == [("collective-hang", ["uneven-inputs"])]

@@ -176,13 +176,44 @@ def test_content_overlap_under_an_index_overlap_is_its_consequence():
     assert [c.evidence.get("basis") for c in root.consequences] == ["content"]
 
 
-def test_iterable_stream_in_the_same_order_every_epoch_is_a_set_epoch_warning():
-    data = corpus(64)
-    evidence = make_evidence(2, {r: [ddp_wrap()] + [content_pass(data[r::2] * 2, number=n, dataset_type="Shards")
-                                                    for n in range(3)] for r in range(2)})
-    (finding,) = set_epoch(evidence).findings
-    assert finding.severity == "warning" and finding.ranks == (0, 1)
+def _stream_passes(data, *, set_epoch_method=None, dataset_epoch=None, declares_shuffle=None, number_of_passes=3):
+    per_rank = {}
+    for r in range(2):
+        passes = []
+        for n in range(number_of_passes):
+            event = content_pass(data[r::2] * 2, number=n, dataset_type="Shards")
+            event.set_epoch_method, event.declares_shuffle = set_epoch_method, declares_shuffle
+            event.dataset_epoch = dataset_epoch(n) if callable(dataset_epoch) else dataset_epoch
+            passes.append(event)
+        per_rank[r] = [ddp_wrap()] + passes
+    return make_evidence(2, per_rank)
+
+
+def test_iterable_stream_in_its_natural_order_every_epoch_is_info():
+    (finding,) = set_epoch(_stream_passes(corpus(64))).findings
+    assert finding.severity == "info" and finding.ranks == (0, 1)
     assert finding.evidence["repeated_passes"]["0"] == [[1, 0], [2, 1]]
+    assert "fine if its fixed order is intended" in finding.message
+
+
+def test_a_stream_whose_set_epoch_is_never_called_is_a_warning():
+    (finding,) = set_epoch(_stream_passes(corpus(64), set_epoch_method=True, dataset_epoch=0)).findings
+    assert finding.severity == "warning"
+    assert "set_epoch is never called" in finding.message
+
+
+def test_a_stream_that_sets_its_epoch_but_keeps_its_order_is_info():
+    (finding,) = set_epoch(_stream_passes(corpus(64), set_epoch_method=True, dataset_epoch=lambda n: n)).findings
+    assert finding.severity == "info"
+
+
+def test_a_stream_that_says_it_shuffles_with_the_same_permutation_is_a_warning():
+    (finding,) = set_epoch(_stream_passes(corpus(64), declares_shuffle=True)).findings
+    assert finding.severity == "warning" and "same permutation every epoch" in finding.message
+
+
+def test_a_reshuffled_stream_is_clean():
+    data = corpus(64)
     reshuffled = make_evidence(2, {r: [ddp_wrap()] + [content_pass(random.Random(n).sample(data, 64), number=n)
                                                       for n in range(3)] for r in range(2)})
     assert set_epoch(reshuffled).findings == []

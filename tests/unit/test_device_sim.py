@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
 import torch
@@ -22,10 +23,10 @@ from ddpdoctor.schema.settings import RankSettings
 
 @pytest.fixture
 def sim(tmp_path, monkeypatch):
-    """The simulation installed as a rank installs it (mode "cpu": also where a GPU exists)."""
+    """The simulation installed as a rank installs it (mode "simulate": also where a GPU exists)."""
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
-    finish = devicesim.install(rec, mode="cpu", nproc_per_node=2)
+    finish = devicesim.install(rec, mode="simulate", nproc_per_node=2)
     try:
         yield rec
     finally:
@@ -108,7 +109,7 @@ def test_torch_cuda_answers_one_gpu_per_local_rank(sim):
 def test_device_count_falls_back_to_nproc_per_node_in_a_spawn_launcher(tmp_path, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
-    finish = devicesim.install(rec, mode="cpu", nproc_per_node=3)
+    finish = devicesim.install(rec, mode="cpu", nproc_per_node=3)  # the old name of "simulate"
     try:
         assert torch.cuda.device_count() == 3
     finally:
@@ -126,6 +127,198 @@ def test_what_cannot_be_simulated_raises_naming_the_api(sim):
     event = last_event(sim)
     assert event["unsupported"] == ["torch.cuda.CUDAGraph", "torch.cuda.nccl.version"]
     assert event["ignored"] == ["torch.cuda.memory._record_memory_history"]
+
+
+# What cannot be simulated, called as a script would: each must fail under simulation with the kind
+# of error a CPU-only torch raises for the same call (so `except AssertionError` etc. still catch it).
+UNSUPPORTED_CALLS = {
+    "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
+    "torch.cuda.graph": lambda: torch.cuda.graph(None),
+    "torch.cuda.MemPool": lambda: torch.cuda.MemPool(),
+    "torch.cuda.ExternalStream": lambda: torch.cuda.ExternalStream(0, device=0),
+    "torch.cuda.graph_pool_handle": lambda: torch.cuda.graph_pool_handle(),
+    "torch.cuda.nccl.version": lambda: torch.cuda.nccl.version(),
+    "torch.cuda.nccl.all_reduce": lambda: torch.cuda.nccl.all_reduce([torch.ones(2)]),
+    "torch.cuda.cudart": lambda: torch.cuda.cudart(),
+    "torch.cuda.current_blas_handle": lambda: torch.cuda.current_blas_handle(),
+    "torch.cuda.caching_allocator_alloc": lambda: torch.cuda.caching_allocator_alloc(16),
+    "torch.cuda.use_mem_pool": lambda: torch.cuda.use_mem_pool(None).__enter__(),
+    "torch.cuda.utilization": lambda: torch.cuda.utilization(),
+    "torch.cuda.tunable.enable": lambda: torch.cuda.tunable.enable(),
+    "torch.cuda.get_stream_from_external": lambda: torch.cuda.get_stream_from_external(0),
+    "torch.cuda.change_current_allocator": lambda: torch.cuda.change_current_allocator(None),
+    "torch.cuda.jiterator._create_jit_fn": lambda: torch.cuda.jiterator._create_jit_fn("T f(T x) { return x; }")(
+        torch.ones(2)),
+    "torch.accelerator.Graph": lambda: torch.accelerator.Graph(),
+}
+
+
+def _raised(call) -> type:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 (the kind is what is compared)
+        return type(exc)
+    raise AssertionError("expected the call to fail")
+
+
+def test_what_cannot_be_simulated_fails_with_the_kind_a_cpu_only_torch_raises(tmp_path):
+    cpu_kinds = {api: _raised(call) for api, call in UNSUPPORTED_CALLS.items()}  # before the simulation
+    rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
+    finish = devicesim.install(rec, mode="simulate", nproc_per_node=2)
+    try:
+        for api, call in UNSUPPORTED_CALLS.items():
+            with pytest.raises(cpu_kinds[api]) as raised:
+                call()
+            assert isinstance(raised.value, devicesim.NotSimulatedError), (api, raised.value)
+            decoded = decode(str(raised.value))
+            assert decoded is not None and decoded.code == "not-simulated", (api, str(raised.value))
+    finally:
+        finish()
+        patching.restore_all()
+    unsupported = set(last_event(rec)["unsupported"])
+    # make_graphed-style calls name what failed inside (the graph), everything else itself
+    assert set(UNSUPPORTED_CALLS) <= unsupported, set(UNSUPPORTED_CALLS) - unsupported
+
+
+def test_not_simulated_errors_pickle_as_their_kind():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(devicesim.NotSimulatedError.of(AssertionError)("torch.cuda.cudart", "x")))
+    assert isinstance(error, AssertionError) and isinstance(error, devicesim.NotSimulatedError)
+    assert str(error).startswith("torch.cuda.cudart cannot be simulated on CPU")
+
+
+# The public namespaces libraries touch at import and at run time.
+CONFORMANCE_MODULES = ("torch.cuda", "torch.cuda.memory", "torch.cuda.random", "torch.accelerator",
+                       "torch.backends.cuda", "torch.backends.cudnn")
+
+
+def _namespace() -> dict[tuple[str, str], object]:
+    import importlib
+
+    values = {}
+    for module_name in CONFORMANCE_MODULES:
+        module = importlib.import_module(module_name)
+        for name in dir(module):
+            if not name.startswith("_"):
+                values[(module_name, name)] = getattr(module, name)
+    return values
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, type):
+        return "class"
+    if isinstance(value, types.ModuleType):
+        return "module"
+    return "function" if callable(value) else type(value).__name__
+
+
+def test_every_public_name_is_simulated_with_its_kind_or_left_as_it_is(tmp_path):
+    before = _namespace()
+    rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
+    finish = devicesim.install(rec, mode="simulate", nproc_per_node=2)
+    try:
+        after = _namespace()
+        assert after.keys() == before.keys()
+        simulated = 0
+        for key, original in before.items():
+            value = after[key]
+            if value is original:
+                continue
+            simulated += 1
+            assert _kind(value) == _kind(original), (key, _kind(original), _kind(value))
+            if isinstance(original, type):
+                # a subclass of torch's class, or (torch.cuda.FloatTensor...) the CPU's class of that name
+                assert issubclass(value, original) or value is getattr(torch, key[1]), key
+                assert (value | None) is not None  # the annotations transformers writes
+        assert simulated > 50
+    finally:
+        finish()
+        patching.restore_all()
+    assert _namespace() == before  # and all of it restored
+
+
+def test_classes_stay_classes_for_isinstance_and_subclassing(sim):
+    stream = torch.cuda.Stream()
+    assert isinstance(stream, torch.cuda.Stream) and isinstance(stream, torch.cuda.streams.Stream)
+    assert isinstance(torch.cuda.current_stream(), torch.cuda.Stream)
+    event = torch.cuda.Event(enable_timing=True)
+    assert isinstance(event, torch.cuda.streams.Event)
+    assert stream.record_event(event) is event and event.query()
+
+    class Graph(torch.cuda.CUDAGraph):  # a library's subclass, defined at import
+        pass
+
+    assert torch.cuda.CUDAGraph | None is not None
+    with pytest.raises(RuntimeError, match="cannot be simulated"):
+        Graph()
+    generator = torch.Generator(device="cuda:1")
+    assert isinstance(generator, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+    assert issubclass(torch._C.Generator, torch.Generator)
+    assert torch.Generator | None is not None
+    assert torch.randn(3, generator=generator.manual_seed(0), device="cuda").device.type == "cpu"
+    assert torch.equal(torch.randn(3, generator=torch.Generator("cuda").manual_seed(0)),
+                       torch.randn(3, generator=torch.Generator().manual_seed(0)))
+    assert torch.cuda.FloatTensor is torch.FloatTensor
+    assert torch.ones(2, dtype=torch.float64).type("torch.cuda.FloatTensor").dtype == torch.float32
+    assert torch.ones(2).type(torch.cuda.LongTensor).dtype == torch.int64
+    assert "torch.Generator(cuda)->cpu" in last_event(sim)["calls"]
+
+
+def test_cuda_rng_state_round_trips_per_device(sim):
+    torch.cuda.manual_seed_all(7)
+    assert torch.cuda.initial_seed() == 7
+    state = torch.cuda.get_rng_state()
+    torch.cuda.manual_seed(8)
+    assert not torch.equal(torch.cuda.get_rng_state(), state)
+    torch.cuda.set_rng_state(state)
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    states = torch.cuda.random.get_rng_state_all()
+    assert len(states) == torch.cuda.device_count() == 4
+    torch.cuda.random.set_rng_state_all(states)
+    foreign = torch.tensor([1, 2, 3], dtype=torch.uint8)  # a real GPU's (seed, offset) from a checkpoint
+    torch.cuda.set_rng_state(foreign, "cuda:2")
+    assert torch.equal(torch.cuda.get_rng_state(2), foreign)
+    assert len(torch.cuda.default_generators) == 4
+    cpu_state = torch.get_rng_state()
+    with torch.random.fork_rng(devices=[0, 1], device_type="cuda"):
+        torch.randn(4)
+        torch.cuda.manual_seed(1)
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    torch.manual_seed(3)  # seeds the simulated CUDA generators too, as on GPUs
+    assert torch.cuda.initial_seed() == 3
+
+
+def test_memory_statistics_have_torch_keys_and_summaries_work(sim):
+    stats = torch.cuda.memory_stats()
+    assert stats["allocated_bytes.all.peak"] == 0 and stats["num_ooms"] == 0
+    assert torch.cuda.memory_allocated(0) == torch.cuda.max_memory_reserved("cuda:1") == 0
+    assert torch.cuda.memory.memory_allocated is torch.cuda.memory_allocated
+    assert "Allocated memory" in torch.cuda.memory_summary()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    props = torch.cuda.get_device_properties("cuda:0")
+    assert (props.major, props.minor) == torch.cuda.get_device_capability() == (8, 0)
+    assert torch.cuda.is_bf16_supported() and torch.cuda.is_tf32_supported()
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == 0
+    assert torch.float16 in torch.accelerator.get_device_capability()["supported_dtypes"]
+
+
+def test_backend_flags_and_legacy_calls_work_as_on_gpus(sim):
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cuda.enable_flash_sdp(True)
+    with pytest.warns(FutureWarning), torch.cuda.amp.autocast(dtype=torch.bfloat16):  # deprecated, still used
+        assert nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.bfloat16
+    torch.cuda.nvtx.range_push("x")
+    torch.cuda.nvtx.range_pop()
+    with torch.cuda.nvtx.range("y"), torch.cuda.device(1), torch.accelerator.device_index(2):
+        assert torch.cuda.current_device() == 2
+    torch.cuda.init()
+    torch.cuda.set_sync_debug_mode(1)
+    assert torch.cuda.get_sync_debug_mode() == 0
+    assert last_event(sim)["ignored"] == ["torch.cuda.set_sync_debug_mode"]
 
 
 def test_not_simulated_error_decodes_to_its_own_cause():
@@ -184,6 +377,53 @@ def test_native_and_auto_with_a_gpu_do_not_simulate(tmp_path, monkeypatch):
     assert devicesim.should_simulate("auto") is False
     with pytest.raises(ValueError):
         devicesim.should_simulate("gpu")
+
+
+@pytest.mark.parametrize("env, reason", [
+    ({}, "no GPU visible"),
+    ({"ACCELERATE_USE_CPU": "False"}, "no GPU visible"),  # what `accelerate launch` sets without --cpu
+    ({"ACCELERATE_USE_CPU": "True"}, "ACCELERATE_USE_CPU=True (accelerate launch --cpu) chose the CPU"),
+    ({"ACCELERATE_USE_CPU": "1"}, "ACCELERATE_USE_CPU=1 (accelerate launch --cpu) chose the CPU"),
+    ({"PL_TRAINER_ACCELERATOR": "cpu"}, 'PL_TRAINER_ACCELERATOR=cpu (Lightning Trainer(accelerator="cpu")) chose the CPU'),
+    ({"PL_TRAINER_ACCELERATOR": "gpu"}, "no GPU visible"),
+    ({"LT_ACCELERATOR": "CPU"}, "LT_ACCELERATOR=CPU (lightning run --accelerator cpu) chose the CPU"),
+    ({"DS_ACCELERATOR": "cpu"}, "DS_ACCELERATOR=cpu (DeepSpeed's CPU accelerator) chose the CPU"),
+    ({"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES='-1' hides every GPU"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "no GPU visible"),
+])
+def test_auto_respects_an_explicit_cpu_choice_and_says_why(monkeypatch, env, reason):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    decision = devicesim.decide("auto", env)
+    assert decision.reason == reason
+    assert decision.active is (reason == "no GPU visible")
+    # an explicit mode wins over the environment
+    assert devicesim.decide("simulate", env).active and devicesim.decide("cpu", env).mode == "simulate"
+    assert not devicesim.decide("native", env).active
+
+
+def test_the_old_mode_name_is_an_alias_everywhere(tmp_path):
+    from ddpdoctor.supervisor import project_config
+    from ddpdoctor.supervisor.config import RunConfig
+
+    assert RunConfig(device="cpu").device == RunConfig(device="simulate").device == "simulate"
+    with pytest.raises(ValueError, match="simulate"):
+        RunConfig(device="gpu")
+    (tmp_path / "pyproject.toml").write_text('[tool.ddpdoctor]\ndevice = "cpu"\n')
+    assert project_config.load(str(tmp_path))[1]["device"] == "cpu"
+    assert RankSettings.from_env({"DDPDOCTOR_EVIDENCE_DIR": "x", "DDPDOCTOR_DEVICE": "cpu"}).device == "cpu"
+    assert devicesim.decide("cpu").mode == "simulate"
+
+
+def test_the_report_says_why_the_simulation_was_off():
+    from ddpdoctor.analysis.report import device_simulation_line
+
+    off = {"mode": "auto", "active": False, "simulated": [], "reason": "ACCELERATE_USE_CPU=true (accelerate "
+                                                                          "launch --cpu) chose the CPU"}
+    assert device_simulation_line(off) == ("device simulation off (auto): ACCELERATE_USE_CPU=true "
+                                           "(accelerate launch --cpu) chose the CPU")
+    assert device_simulation_line({**off, "reason": "a GPU is visible"}) is None  # nothing to tell on GPUs
+    assert device_simulation_line({**off, "mode": "native", "reason": "--device native"}) is None
 
 
 def _local_stats(half: torch.Tensor) -> torch.Tensor:

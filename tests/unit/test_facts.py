@@ -9,13 +9,13 @@ from builders import (collective, ddp_wrap, exception, failure, fp, loader_pass,
 def test_facts_are_computed_once_per_evidence():
     evidence = make_evidence(2, on_all(2, collective("all_reduce", 1)))
     assert evidence.facts is evidence.facts
-    assert evidence.facts.world_collectives is evidence.facts.world_collectives
+    assert evidence.facts.world_traces is evidence.facts.world_traces
 
 
-def test_world_collectives_leave_out_subgroups_and_point_to_point():
+def test_world_traces_leave_out_subgroups_and_point_to_point():
     evidence = make_evidence(2, on_all(2, collective("all_reduce", 1), collective("all_reduce", 2, group=[0]),
-                                       collective("send", 3), collective("barrier", 4, shape=None)))
-    assert [e.op for e in evidence.facts.world_collectives[0]] == ["all_reduce", "barrier"]
+                                       collective("send", 2, units=0), collective("barrier", 2, shape=None)))
+    assert [e.op for e in evidence.facts.world_traces[0].entries] == ["all_reduce", "barrier"]
 
 
 def test_first_mismatch_and_divergence():

@@ -1,45 +1,91 @@
-"""Fingerprints in fused kernels: the values, the comparison power, mixed tensors, one host copy."""
+"""Fingerprints as word sums: exact values, the power to separate replicas down to the last bit,
+any dtype, layout and alignment, and one host copy."""
 
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 
-from ddpdoctor.analysis.compare import differs  # noqa: E402
+from ddpdoctor.analysis.compare import differs, group_by_value  # noqa: E402
 from ddpdoctor.rank import fingerprint as fp  # noqa: E402
+from ddpdoctor.schema.fingerprints import decode_fingerprints, encode_fingerprints  # noqa: E402
 
 
-def test_norm_and_max_per_tensor():
-    a, b = torch.tensor([3.0, -4.0]), torch.tensor([[1.0, 2.0], [2.0, -0.5]])
-    assert fp.fingerprint([a, b]) == [[5.0, 3.0], [pytest.approx(3.0413812651), 2.0]]
+def reference(t: torch.Tensor) -> int:
+    """The wrapping sum of the tensor's bytes as little-endian 64-bit words, counting from its first
+    element at its own storage alignment: what fingerprint() must compute."""
+    raw = t.detach().contiguous().reshape(-1).numpy().tobytes() if t.dtype != torch.bfloat16 else \
+        t.detach().contiguous().reshape(-1).view(torch.int16).numpy().tobytes()
+    size = t.element_size()
+    per_word = max(1, 8 // size)
+    head = (-t.storage_offset()) % per_word if t.is_contiguous() else 0
+    head_bytes, body = raw[:head * size], raw[head * size:]
+    words = len(body) // 8
+    total = int(np.frombuffer(body[:words * 8], dtype="<u8").astype(object).sum()) if words else 0
+    small = {1: "<u1", 2: "<i2", 4: "<i4", 8: "<i8"}[size]
+    for edge in (head_bytes, body[words * 8:]):
+        total += int(np.frombuffer(edge, dtype=small).astype(object).sum()) if edge else 0
+    total %= 2 ** 64
+    return total - 2 ** 64 if total >= 2 ** 63 else total
 
 
-def test_missing_empty_integer_complex_and_low_precision_tensors():
-    values = fp.fingerprint([None, torch.empty(0), torch.tensor([3, 4]), torch.tensor([3 + 4j]),
-                             torch.tensor([3.0, 4.0], dtype=torch.bfloat16)])
-    assert values == [None, [0.0, 0.0], [5.0, 4.0], [5.0, 4.0], [5.0, 4.0]]
+def test_word_sums_of_every_dtype_match_the_bytes():
+    tensors = [torch.randn(7, 5), torch.randn(6, dtype=torch.float64), torch.arange(11, dtype=torch.int64),
+               torch.randn(9).to(torch.bfloat16), torch.randn(5, dtype=torch.float16), torch.tensor([True, False, True])]
+    assert fp.fingerprint(tensors) == [[reference(t)] for t in tensors]
 
 
-def test_identical_tensors_give_bit_identical_values_and_changes_show():
+def test_views_at_any_offset_and_non_contiguous_tensors():
+    flat = torch.randn(101)
+    views = [flat[1:50], flat[3:98], flat[50:].view(3, 17)]  # bucket views at odd float32 offsets
+    assert fp.fingerprint(views) == [[reference(v)] for v in views]
+    transposed = torch.randn(6, 4).t()
+    assert fp.fingerprint([transposed]) == fp.fingerprint([transposed.contiguous()])
+
+
+def test_missing_empty_and_complex_tensors():
+    values = fp.fingerprint([None, torch.empty(0), torch.tensor([3 + 4j])])
+    assert values == [None, [0], [reference(torch.view_as_real(torch.tensor([3 + 4j])))]]
+
+
+def test_identical_replicas_agree_and_the_last_bit_separates_them():
     torch.manual_seed(0)
-    weights = [torch.randn(64, 32), torch.randn(32)]
-    reference = fp.fingerprint(weights)
-    assert fp.fingerprint([w.clone() for w in weights]) == reference
-    flipped = fp.fingerprint([-weights[0], weights[1]])
-    assert differs(flipped[0], reference[0]), "a sign flip keeps the norm but changes the max"
+    weights = [torch.randn(1000, 1000), torch.randn(1000)]
+    base = fp.fingerprint(weights)
+    assert fp.fingerprint([w.clone() for w in weights]) == base
+    last_bit = weights[0].clone()
+    last_bit.view(torch.int32)[123, 456] ^= 1  # one ulp of one element in a million
+    assert torch.linalg.vector_norm(last_bit) == torch.linalg.vector_norm(weights[0]), "a float norm misses it"
+    assert differs(fp.fingerprint([last_bit])[0], base[0])
+    flipped = -weights[0]
+    assert differs(fp.fingerprint([flipped])[0], base[0]), "a sign flip keeps the norm, not the bits"
     one_sample_off = weights[0].clone()
-    one_sample_off[3] += 0.05 * torch.randn(32)  # one row of the gradient from a different sample
-    assert differs(fp.fingerprint([one_sample_off])[0], reference[0])
+    one_sample_off[3] += 0.05 * torch.randn(1000)
+    assert differs(fp.fingerprint([one_sample_off])[0], base[0])
+    assert group_by_value({0: base[0], 1: base[0], 2: fp.fingerprint([last_bit])[0]}) == [[0, 1], [2]]
+
+
+def test_the_sum_does_not_depend_on_the_thread_count():
+    tensor = torch.randn(3_000_001)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fp.fingerprint([tensor])
+        torch.set_num_threads(max(2, threads))
+        assert fp.fingerprint([tensor]) == one
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_resolve_copies_several_pending_fingerprints_at_once():
     grads, params = [torch.ones(3), None], [torch.full((2,), -2.0)]
     got_grads, got_params = fp.resolve(fp.start(grads), fp.start(params))
-    assert got_grads == [[pytest.approx(3 ** 0.5), 1.0], None]
-    assert got_params == [[pytest.approx(8 ** 0.5), -2.0]]
+    assert got_grads == [[reference(torch.ones(3))], None]
+    assert got_params == [[reference(torch.full((2,), -2.0))]]
 
 
-def test_float64_and_float32_in_one_call_are_grouped():
-    values = fp.fingerprint([torch.tensor([1.0], dtype=torch.float64), torch.tensor([2.0]), torch.tensor([-1.0])])
-    assert values == [[1.0, 1.0], [2.0, 2.0], [1.0, -1.0]]
+def test_the_wire_form_round_trips_and_keeps_missing_values():
+    values = [[-(2 ** 63)], None, [2 ** 63 - 1], [0]]
+    assert decode_fingerprints(encode_fingerprints(values)) == values

@@ -48,8 +48,8 @@ def test_not_wrapped_when_no_ddp_wrap_event():
     assert "not wrapped in DistributedDataParallel" in finding.message
     assert "DistributedDataParallel(model)" in finding.fix
     assert finding.evidence["rank_groups"] == [[0], [1]]
-    assert finding.evidence["fingerprints"] == {"0": [1.0, 2.0], "1": [1.5, 2.5]}
-    assert finding.evidence["relative_difference"] == pytest.approx(0.5 / 1.5)
+    assert finding.evidence["fingerprints"] == {"0": fp(1.0)[0], "1": fp(1.5)[0]}
+    assert finding.evidence["relative_difference"] is None  # word sums say the bits differ, not by how much
     assert result.status == "fail"
     assert "step 1" in result.summary
 
@@ -188,7 +188,7 @@ def test_second_optimizer_names_come_from_its_own_optimizer_event():
 def test_nan_gradient_on_one_rank_only_is_a_divergence():
     result = run(2, [optimizer(NAMES, in_ddp=[False, False])], {
         0: [step(1, fp(1.0, 2.0))],
-        1: [step(1, [[float("nan"), float("nan")], [2.0, 3.0]])],
+        1: [step(1, fp(float("nan"), 2.0))],
     })
     assert only_finding(result).evidence["case"] == "not-wrapped"
 

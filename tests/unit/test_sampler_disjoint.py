@@ -101,6 +101,16 @@ def test_few_unseen_samples_are_a_warning():
     assert finding.evidence["num_unseen"] == 10
 
 
+def test_batches_a_resumed_epoch_skips_are_not_unseen_samples():
+    """Accelerate's skip_first_batches (the Hugging Face Trainer resuming mid-epoch) never draws the
+    batches trained before the checkpoint."""
+    passes = {r: [loader_pass(list(range(r * 50 + 20, r * 50 + 50)), dataset_len=100, batch_size=10,
+                              sampler=plain_sampler("SequentialSampler"))] for r in range(2)}
+    for events in passes.values():
+        events[0].skipped_batches = 2
+    assert analyze(make_evidence(2, passes)).findings == []
+
+
 def test_unseen_samples_are_not_judged_on_an_incomplete_pass():
     evidence = make_evidence(2, {
         0: [loader_pass(list(range(0, 10)), dataset_len=100, complete=False)],

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from builders import (SCRIPT, ddp_wrap, exception, failure, join, loader_pass, make_evidence, merge, on_all, step)
+from builders import (SCRIPT, ddp_wrap, exception, failure, join, loader_pass, make_evidence, merge, on_all, step,
+                      stop_snapshot, usage)
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.uneven_inputs import analyze
@@ -23,7 +24,7 @@ def test_different_batch_counts_in_a_training_pass_are_an_error():
     assert finding.severity == "error"
     assert finding.ranks == (0, 1)
     assert finding.location == Location(SCRIPT, 12)
-    assert finding.message == ("ranks ran different numbers of training batches in pass 0 over the DataLoader "
+    assert finding.message == ("ranks ran different numbers of training batches in training pass 1 over the DataLoader "
                                "(rank 0: 5, rank 1: 4) then hung: the ranks' shares of the data have different "
                                "lengths")
     assert finding.evidence["cause"] == "data"
@@ -123,3 +124,57 @@ def test_an_open_pass_of_a_rank_stopped_by_ddpdoctor_counts_its_batches():
     (finding,) = analyze(evidence).findings
     assert finding.severity == "error"
     assert finding.evidence["batches"] == {"0": 5, "1": 4}
+
+
+def _usage(backwards: int):
+    event = usage(backwards)
+    event.backwards = backwards
+    return event
+
+
+def test_loader_bookkeeping_that_differs_is_no_finding_when_ddp_ran_the_same_iterations():
+    """A rank that made and dropped an extra iterator (`next(iter(loader))` to log a batch, a framework
+    looking ahead) numbers its passes differently; DDP's own count says the ranks trained alike."""
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
+        0: [loader_pass([0], number=0, num_batches=1, steps=0, ddp_forwards=0),
+            loader_pass(list(range(5)), number=1), _usage(5)],
+        1: [loader_pass(list(range(5, 10)), number=0), loader_pass([], number=1, num_batches=0, steps=0), _usage(5)],
+    }))
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.summary == "every rank ran the same number of DDP training iterations (10 in all)"
+
+
+def test_training_passes_pair_by_their_order_not_their_number():
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
+        0: [loader_pass([0], number=0, num_batches=1, steps=0, ddp_forwards=0),
+            loader_pass(list(range(5)), number=1, complete=False), _usage(5)],
+        1: [loader_pass(list(range(5, 9)), number=0), _usage(4)],
+    }), outcome="hung")
+    (finding,) = analyze(evidence).findings
+    assert finding.evidence["batches"] == {"0": 5, "1": 4}
+    assert finding.evidence["ddp_iterations"] == {"0": 5, "1": 4}
+    assert finding.evidence["cause"] == "data"
+
+
+def test_ddp_iterations_that_differ_without_a_loader_are_an_error():
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {0: [_usage(6)], 1: [_usage(5)]}), outcome="hung")
+    (finding,) = analyze(evidence).findings
+    assert finding.message == ("ranks ran different numbers of DDP training iterations in the whole run "
+                               "(rank 0: 6, rank 1: 5) then hung")
+
+
+def test_an_interrupted_job_draws_nothing_from_its_cut_counts():
+    stop = stop_snapshot({0: {}, 1: {}}, {}, reason="interrupted", signal="SIGINT")
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {0: [_usage(6)], 1: [_usage(5)]}), stop=stop)
+    assert analyze(evidence).status == "skip"
+
+
+def test_counts_a_stall_cut_short_with_no_loader_to_explain_them_are_no_finding():
+    """One rank stuck in its own code, the other in DDP's all-reduce one iteration ahead: the
+    counts differ only because ddpdoctor stopped them; collective-hang reports the stall."""
+    stop = stop_snapshot({0: {}, 1: {}}, {}, reason="no-progress")
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {0: [_usage(4)], 1: [_usage(3)]}), stop=stop,
+                             outcome="hung")
+    result = analyze(evidence)
+    assert result.findings == [] and "cut short" in result.summary

@@ -78,3 +78,42 @@ def render_environment(console: Console, report: Report, *, plain: bool) -> None
     for finding in report.findings:
         terminal.render_finding(console, finding.to_json(), plain=plain)
     console.print(Text(terminal.verdict(report), style="bold"))
+
+
+def environment_markdown(report: Optional[Report], system: dict, *, problem: Optional[str] = None) -> str:
+    """A block to paste into a bug report, as ``accelerate env`` prints one: this machine (OS, CPU,
+    Python, packages) and what every rank saw (torch, CUDA, cuDNN, NCCL, driver, backend, GPU)."""
+    lines = ["<details open><summary>ddpdoctor env</summary>", "", "- OS: " + str(system.get("os")),
+             f"- CPU: {system.get('cpu')} ({system.get('cpus')} logical CPUs"
+             + (f", {system['memory_gib']} GiB memory)" if system.get("memory_gib") else ")"),
+             f"- Python: {system.get('python')}"]
+    packages = system.get("packages") or {}
+    if packages:
+        lines.append("- Packages: " + ", ".join(f"{name} {version}" for name, version in packages.items()))
+    if report is not None and report.environment:
+        first = report.environment[0]
+        lines += [f"- torch {first.get('torch') or '-'}, CUDA {first.get('cuda') or 'none'}, cuDNN "
+                  f"{first.get('cudnn') or 'none'}, NCCL {first.get('nccl') or 'none'}, driver "
+                  f"{first.get('driver') or 'none'}, backend {first.get('backend') or '-'}",
+                  f"- Ranks: {len(report.environment)} of {report.world_size}, outcome {report.outcome}", "",
+                  "| rank | host | node | local | torch | CUDA | NCCL | backend | GPU |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for env in report.environment:
+            cells = [env.get("rank"), env.get("host"), env.get("node"), env.get("local_rank"), env.get("torch"),
+                     env.get("cuda"), env.get("nccl"), env.get("backend")]
+            lines.append("| " + " | ".join("-" if c in (None, "") else str(c).replace("|", "\\|") for c in cells)
+                         + f" | {_gpu(env)} |")
+        variables = sorted({k for env in report.environment for k in env.get("variables", {})
+                            if k.startswith(("NCCL_", "CUDA_", "TORCH_", "OMP_", "GLOO_"))})
+        if variables:
+            lines += ["", "Variables: " + ", ".join(
+                f"`{name}={sorted({str(e.get('variables', {}).get(name)) for e in report.environment})[0]}`"
+                if len({str(e.get("variables", {}).get(name)) for e in report.environment}) == 1
+                else f"`{name}` (differs across ranks)" for name in variables)]
+        verdicts = [f"{c.id}: {c.summary}" for c in report.checks if c.id == "env-consistency"]
+        if verdicts:
+            lines += ["", f"- {verdicts[0]}"]
+    if problem:
+        lines += ["", f"- The ranks could not report their own environment: {problem}"]
+    lines += ["", "</details>", ""]
+    return "\n".join(lines)

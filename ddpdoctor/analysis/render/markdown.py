@@ -4,13 +4,15 @@ the verdict, a table of checks, then each top-level finding with its consequence
 from __future__ import annotations
 
 from ddpdoctor.analysis.api import Finding, Location
-from ddpdoctor.analysis.render.terminal import verdict
+from ddpdoctor.analysis.render.source import snippet, underline
+from ddpdoctor.analysis.render.terminal import consequence_of, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
 __all__ = ["render_markdown"]
 
 _STATUS = {"pass": "✅", "warn": "⚠️", "fail": "❌", "skip": "➖"}
 _SEVERITY = {"error": "❌", "warning": "⚠️", "info": "ℹ️"}
+_CONSEQUENCE = "↪️"  # a check whose finding is another's consequence: never a pass mark
 
 
 def _cell(text: str) -> str:
@@ -22,9 +24,21 @@ def _where(location: Location) -> str:
     return f"`{location.file}:{location.line}`"
 
 
-def _finding(finding: Finding) -> list[str]:
+def _code(location: Location, sources: dict) -> list[str]:
+    """The flagged source line (with its context) as a fenced block, when the report or the file has it."""
+    found = snippet(location.file, location.line, sources=sources)
+    if found is None:
+        return []
+    gutter = len(str(found.line))
+    start, end = underline(found.text)
+    body = [f"{number:>{gutter}} | {text}" for number, text in found.lines]
+    return ["```python", *body, f"{' ' * gutter} | {' ' * start}{'^' * (end - start)}", "```", ""]
+
+
+def _finding(finding: Finding, sources: dict) -> list[str]:
     lines = [f"### {_SEVERITY[finding.severity]} {finding.severity.upper()} `{finding.check}`", "", finding.message, ""]
     if finding.location:
+        lines += _code(finding.location, sources)
         lines.append(f"- **Location:** {_where(finding.location)}")
     if finding.ranks:
         lines.append(f"- **Ranks:** {', '.join(map(str, sorted(finding.ranks)))}")
@@ -48,13 +62,15 @@ def render_markdown(report: Report, *, fail_on: str = "warning") -> str:
     if simulation:
         lines += [simulation[0].upper() + simulation[1:], ""]
     lines += ["| | Check | Summary |", "|---|---|---|"]
+    findings = [f.to_json() for f in report.findings]
     for check in report.checks:
         summary = check.summary + (f" (incomplete: probe {', '.join(check.incomplete)} failed)"
                                    if check.incomplete else "")
-        lines.append(f"| {_STATUS.get(check.status, check.status)} | `{_cell(check.id)}` | {_cell(summary)} |")
+        status = _CONSEQUENCE if consequence_of(check.to_json(), findings) else _STATUS.get(check.status, check.status)
+        lines.append(f"| {status} | `{_cell(check.id)}` | {_cell(summary)} |")
     lines.append("")
     if report.findings:
         lines += ["## Findings", ""]
         for finding in report.findings:
-            lines += _finding(finding)
+            lines += _finding(finding, report.sources)
     return "\n".join(lines)

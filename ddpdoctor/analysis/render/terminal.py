@@ -1,84 +1,268 @@
-"""The report in a terminal, flutter-doctor style: one line per check, a panel per finding with its
-consequences under it, then a one-line verdict. Plain lines when colour is off."""
+"""The report in a terminal, flutter-doctor style: one line per check, then each finding as a
+sentence over the user's own source line (as ruff and rustc show it), its evidence in words, the
+ranks side by side where they disagree, its consequences under it, the fix, and a one-line verdict.
+Plain lines, same content, when colour is off.
+"""
 
 from __future__ import annotations
 
-import json
-
 from typing import Optional
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
+from ddpdoctor.analysis.render.source import Snippet, display_path, snippet, underline
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
-_GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim")}
-_PLAIN = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP"}
+_GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim"),
+           "consequence": ("↳", "magenta")}
+_PLAIN = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "consequence": "CONSEQUENCE"}
 _SEVERITY_STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
-# Evidence kept for --json but not worth a line in the terminal.
-_HIDDEN_EVIDENCE = {"frames", "stacks", "stack", "fingerprints", "kind", "seq", "secondary_only", "reduction_error",
-                    "failed_ranks", "rank_groups", "calls", "site", "timeline", "ranks", "rank", "sequence",
-                    "first_divergence", "threshold_s", "decoded", "secondary", "message", "exception"}
+_SEVERITY_GLYPH = {"error": "✗", "warning": "!", "info": "i"}
+SIDE_BY_SIDE_GROUPS = 3  # more groups of ranks than this are listed one under the other
 
 
-def _text(value) -> str:
-    if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
-        return ", ".join(f"rank {k}: {_text(v)}" for k, v in sorted(value.items(), key=lambda kv: int(kv[0])))
-    if isinstance(value, (list, tuple)) and all(not isinstance(v, (dict, list)) for v in value):
-        return ", ".join(map(str, value))
-    return value if isinstance(value, str) else json.dumps(value, default=str)
+def _location_text(location: dict, function: Optional[str] = None) -> str:
+    where = f"{display_path(location['file'])}:{location['line']}"
+    return where + (f" in {function}" if function else "")
 
 
-def _evidence_lines(evidence: dict, limit: int = 8) -> list[str]:
-    lines = []
-    for key, value in evidence.items():
-        if key in _HIDDEN_EVIDENCE or value is None or value == [] or value == {}:
-            continue
-        text = _text(value)
-        if len(text) > 160:
-            text = text[:157] + "..."
-        lines.append(f"{key.replace('_', ' ')}: {text}")
-        if len(lines) >= limit:
-            break
-    return lines
+def code_block(found: Snippet, *, plain: bool, indent: str = "") -> Text:
+    """``--> file:line``, then the numbered lines with the flagged one underlined (rustc's layout)."""
+    gutter = len(str(found.line))
+    out = Text()
+    out.append(f"{indent}{' ' * gutter}--> ", style="" if plain else "blue")
+    out.append(_location_text({"file": found.file, "line": found.line}, found.function) + "\n")
+    out.append(f"{indent}{' ' * gutter} |\n", style="" if plain else "blue")
+    for number, text in found.lines:
+        flagged = number == found.line
+        out.append(f"{indent}{number:>{gutter}} | ", style="" if plain else "blue")
+        out.append(text + "\n", style="" if plain or flagged else "dim")
+    start, end = underline(found.text)
+    out.append(f"{indent}{' ' * gutter} | ", style="" if plain else "blue")
+    out.append(" " * start + "^" * (end - start), style="" if plain else "bold red")
+    return out
 
 
-def _rank_table(states: dict) -> Optional[Table]:
-    """Rank, state, what it waits in, where, last collective, stalled for: one row per rank."""
+def _code_or_where(location: Optional[dict], sources: dict, *, plain: bool, function: Optional[str] = None,
+                   indent: str = "") -> Optional[Text]:
+    if not location or not location.get("file"):
+        return None
+    found = snippet(location["file"], int(location["line"]), sources=sources, function=function)
+    if found is None:  # the file is not on this machine and the report did not keep the line
+        return Text(f"{indent}--> {_location_text(location, function)}")
+    return code_block(found, plain=plain, indent=indent)
+
+
+def _evidence_table(evidence: dict) -> Optional[Table]:
+    rows = evidence_rows(evidence)
+    if not rows:
+        return None
+    table = Table(box=None, padding=(0, 1), show_header=False, show_edge=False)
+    table.add_column("what", style="dim", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    for label, lines in rows:
+        table.add_row(label, "\n".join(lines))
+    return table
+
+
+def _rank_cell(ranks: list[int], state: dict, sources: dict, *, plain: bool) -> Text:
+    """One group of ranks in a hang: what they wait in and for how long, their code line, their last
+    collective."""
+    what = state.get("state", "")
+    if state.get("waiting_in"):
+        what += f" in {state['waiting_in']}"
+    cell = Text(f"{ranks_text(ranks)}: ", style="bold")
+    cell.append(what + "\n")
+    facts = []
+    stalled = state.get("stalled_s")
+    if isinstance(stalled, (int, float)) and stalled >= 1:
+        facts.append(f"no progress for {stalled:.0f} s")
+    last = state.get("last_collective") or {}
+    facts.append(f"last collective #{last['n']} {last.get('op', '')}".strip() if last.get("n")
+                 else "no collective yet")
+    cell.append(" · ".join(facts) + "\n", style="dim")
+    where = state.get("where") or {}
+    code = _code_or_where(where, sources, plain=plain, function=where.get("function")) if where else None
+    if code is not None:
+        cell.append_text(code)
+    return cell
+
+
+def _side_by_side(cells: list[Text], width: int) -> RenderableType:
+    """Columns when every line of every cell fits its column (code never wraps), else one under another."""
+    column = (width - 3 * (len(cells) - 1)) // max(len(cells), 1)
+    fits = all(len(line) <= column for cell in cells for line in cell.plain.split("\n"))
+    if 1 < len(cells) <= SIDE_BY_SIDE_GROUPS and fits:
+        table = Table(box=None, padding=(0, 3, 0, 0), show_header=False, show_edge=False)
+        for _ in cells:
+            table.add_column(overflow="fold")
+        table.add_row(*cells)
+        return table
+    return Group(*[Padding(c, (0, 0, 1 if i < len(cells) - 1 else 0, 0)) for i, c in enumerate(cells)])
+
+
+def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int) -> Optional[RenderableType]:
+    """Every rank's place when the job stopped, ranks in the same place and state grouped, side by side."""
     if not isinstance(states, dict) or not states or not all(isinstance(s, dict) and "state" in s
                                                              for s in states.values()):
         return None
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
-    for column in ("rank", "state", "waiting in", "at", "last collective", "stalled"):
-        table.add_column(column)
+    groups: dict[tuple, list[int]] = {}
+    first: dict[tuple, dict] = {}
     for rank, state in sorted(states.items(), key=lambda kv: int(kv[0])):
         where = state.get("where") or {}
-        at = f"{where.get('file', '').rsplit('/', 1)[-1]}:{where.get('line')} ({where.get('function')})" if where else ""
         last = state.get("last_collective") or {}
-        last_text = f"#{last.get('n')} {last.get('op')}" if last else ""
-        stalled = f"{state['stalled_s']:.0f}s" if isinstance(state.get("stalled_s"), (int, float)) else ""
-        table.add_row(str(rank), state["state"], state.get("waiting_in") or "", at, last_text, stalled)
-    return table
+        key = (state.get("state"), state.get("waiting_in"), where.get("file"), where.get("line"), last.get("n"))
+        groups.setdefault(key, []).append(int(rank))
+        first.setdefault(key, state)
+    cells = [_rank_cell(ranks, first[key], sources, plain=plain) for key, ranks in groups.items()]
+    return Group(Text("where each rank was when the job was stopped:", style="bold"), _side_by_side(cells, width))
+
+
+def _calls_view(calls: dict, sources: dict, *, plain: bool, width: int) -> Optional[RenderableType]:
+    """A collective the ranks called differently: each rank's call and its line, side by side."""
+    if not isinstance(calls, dict) or not calls or not all(isinstance(c, dict) for c in calls.values()):
+        return None
+    cells = []
+    for rank, call in sorted(calls.items(), key=lambda kv: int(kv[0])):
+        cell = Text(f"rank {rank}: ", style="bold")
+        cell.append(call_text(call) + "\n")
+        site = call.get("site")
+        site = site[0] if isinstance(site, list) and site else site
+        code = _code_or_where(site, sources, plain=plain, function=(site or {}).get("function")) if site else None
+        if code is not None:
+            cell.append_text(code)
+        cells.append(cell)
+    return Group(Text("each rank's call:", style="bold"), _side_by_side(cells, width))
 
 
 def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table]:
     """The last collectives of every rank side by side; the first divergent one marked."""
-    if not isinstance(timeline, dict):
+    if not isinstance(timeline, dict) or not all(isinstance(c, dict) for c in timeline.values()):
         return None
     numbers = sorted({int(n) for calls in timeline.values() for n in calls})
     if not numbers:
         return None
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="last collectives",
                   title_justify="left")
-    table.add_column("rank")
+    ranks = sorted(timeline.items(), key=lambda kv: int(kv[0]))
+    if len(ranks) <= 4:  # one row per collective, the ranks side by side
+        table.add_column("#")
+        for rank, _ in ranks:
+            table.add_column(f"rank {rank}")
+        for n in numbers:
+            table.add_row(f"#{n}" + (" ← first divergence" if n == divergence else ""),
+                          *[calls.get(str(n), "never called") for _, calls in ranks])
+        return table
+    table.add_column("ranks")
     for n in numbers:
-        table.add_column(f"#{n}" + (" <- diverge" if n == divergence else ""))
-    for rank, calls in sorted(timeline.items(), key=lambda kv: int(kv[0])):
-        table.add_row(rank, *[calls.get(str(n), "-") for n in numbers])
+        table.add_column(f"#{n}" + (" ← first divergence" if n == divergence else ""))
+    rows: dict[tuple, list[int]] = {}  # ranks with the same calls share a row: a thousand ranks fit a screen
+    for rank, calls in ranks:
+        rows.setdefault(tuple(calls.get(str(n), "never called") for n in numbers), []).append(int(rank))
+    for cells, members in rows.items():
+        table.add_row(ranks_text(members), *cells)
     return table
+
+
+def _consequence(consequence: dict, *, plain: bool) -> Text:
+    glyph, style = _GLYPHS["consequence"]
+    line = Text(f"{glyph} " if not plain else "-> ", style="" if plain else f"bold {style}")
+    line.append(f"consequence ({consequence['check']}): ", style="" if plain else style)
+    line.append(consequence["message"])
+    if consequence.get("location"):
+        line.append(f" at {_location_text(consequence['location'])}", style="dim")
+    return line
+
+
+def finding_body(finding: dict, *, sources: dict, plain: bool, width: int) -> list[RenderableType]:
+    """The parts of one finding, top to bottom: sentence, code, ranks, evidence, consequences, fix."""
+    body: list[RenderableType] = [Text(finding["message"])]
+    evidence = finding.get("evidence") or {}
+    code = _code_or_where(finding.get("location"), sources, plain=plain)
+    if code is not None:
+        body.append(code)
+    if finding.get("ranks"):
+        body.append(Text(f"on {ranks_text(finding['ranks'])}", style="dim"))
+    for view in (_ranks_view(evidence.get("ranks"), sources, plain=plain, width=width),
+                 _calls_view(evidence.get("calls"), sources, plain=plain, width=width),
+                 _timeline_table(evidence.get("timeline") or {}, evidence.get("first_divergence"))):
+        if view is not None:
+            body.append(view)
+    table = _evidence_table(evidence)
+    if table is not None:
+        body.append(table)
+    body.extend(_consequence(c, plain=plain) for c in finding.get("consequences", []))
+    fix = Text("fix: ", style="" if plain else "bold green")
+    fix.append(finding["fix"], style="" if plain else "green")
+    body.append(fix)
+    return body
+
+
+def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Optional[dict] = None) -> None:
+    width = max(60, console.width - 8)
+    body = finding_body(finding, sources=sources or {}, plain=plain, width=width)
+    severity = finding["severity"]
+    title = f"{severity.upper()} {finding['check']}"
+    if plain:  # CI logs: sentences never cut (the log wraps them), tables and columns fit the width
+        console.print(Text(title))
+        for part in body:
+            if isinstance(part, Text):
+                for line in part.split("\n"):
+                    console.print(Text("    ") + line, soft_wrap=True)
+            else:  # tables and columns laid out to the width, without rich's trailing padding
+                options = console.options.update(width=max(40, console.width - 4))
+                for line in console.render_lines(part, options, pad=False):
+                    text = "".join(segment.text for segment in line).rstrip()
+                    console.print(Text("    " + text if text else ""), soft_wrap=True)
+        return
+    spaced: list[RenderableType] = []
+    for part in body:
+        spaced.append(part)
+        if isinstance(part, (Group, Table)) or (isinstance(part, Text) and "-->" in part.plain):
+            spaced.append(Text(""))
+    console.print(Panel(Group(*spaced), title=f"{_SEVERITY_GLYPH[severity]} {title}", title_align="left",
+                        border_style=_SEVERITY_STYLE[severity]))
+
+
+render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
+
+
+def consequence_of(check: dict, findings: list[dict]) -> Optional[str]:
+    """The root check whose finding explains this check's finding, if any: the report's own field,
+    else (a report saved by an older version) a passing check listed among a root's consequences."""
+    if check.get("consequence_of"):
+        return check["consequence_of"]
+    if check.get("status") != "pass":
+        return None
+    return next((f["check"] for f in findings for c in f.get("consequences", []) if c.get("check") == check["id"]),
+                None)
+
+
+def _status_and_summary(check: dict) -> tuple[str, str]:
+    status = "consequence" if check.get("consequence_of") else check["status"]
+    summary = check["summary"] + (f" [incomplete: probe {', '.join(check['incomplete'])} failed]"
+                                  if check.get("incomplete") else "")
+    return status, summary
+
+
+def _check_line(check: dict, *, plain: bool, width: int) -> Text:
+    status, summary = _status_and_summary(check)
+    if plain:
+        return Text(f"[{_PLAIN[status]}] {check['id']}: {summary}")
+    glyph, id_text, summary_text = _check_cells(check)
+    return Text(" ") + glyph + Text(" ") + Text(f"{check['id']:<{width}}", style="bold") + summary_text
+
+
+def _check_cells(check: dict) -> tuple[Text, Text, Text]:
+    status, summary = _status_and_summary(check)
+    glyph, style = _GLYPHS[status]
+    return (Text(glyph, style=f"bold {style}"), Text(check["id"], style="bold"),
+            Text(summary, style="dim" if status in ("pass", "skip") else style if status == "consequence" else ""))
 
 
 def launch_line(launch: dict) -> Optional[str]:
@@ -90,8 +274,8 @@ def launch_line(launch: dict) -> Optional[str]:
     parts = []
     if scheduler.get("name") == "slurm":
         nodes = scheduler.get("nodes") or []
-        parts.append(f"Slurm job {scheduler.get('job_id')}" + (f", step {scheduler['step_id']}"
-                                                               if scheduler.get("step_id") is not None else "")
+        parts.append(f"Slurm job {scheduler.get('job_id')}"
+                     + (f", step {scheduler['step_id']}" if scheduler.get("step_id") is not None else "")
                      + (f", {scheduler['num_tasks']} task(s)" if scheduler.get("num_tasks") else "")
                      + (f" on {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}" if nodes else ""))
     how = {"slurm": "a task of the srun step is a rank (" + ", ".join(launch.get("exported") or []) + " set from SLURM_*)",
@@ -115,99 +299,7 @@ def _nodes_table(ranks: list[dict]) -> Table:
     return table
 
 
-def _where(location: dict | None) -> str | None:
-    return f"{location['file']}:{location['line']}" if location else None
-
-
-def render(console: Console, report: Report, *, plain: bool, fail_on: str = "warning") -> None:
-    data = report.to_json()
-    console.print()
-    console.print(Text(f"ddpdoctor {data['version']}: {data['script'] or 'reference job'} on "
-                       f"{data['world_size']} ranks ({data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}, "
-                       f"{data['backend']}, {data['device']}), outcome {data['outcome']}, "
-                       f"{data['duration_s']:.1f}s", style="bold"))
-    simulation = device_simulation_line(report.device_simulation)
-    if simulation:
-        console.print(Text(simulation))
-    launched = launch_line(data.get("launch") or {})
-    if launched:
-        console.print(Text(launched))
-    hosts = {r.get("host") for r in data.get("ranks", [])}
-    if data["nnodes"] > 1 or len(hosts) > 1:
-        console.print(Padding(_nodes_table(data.get("ranks", [])), (0, 0, 0, 1), expand=False))
-    for check in data["checks"]:
-        status = check["status"]
-        summary = check["summary"] + (f" [incomplete: probe {', '.join(check['incomplete'])} failed]"
-                                      if check.get("incomplete") else "")
-        if plain:
-            console.print(Text(f"[{_PLAIN[status]}] {check['id']}: {summary}"))
-        else:
-            glyph, style = _GLYPHS[status]
-            console.print(Text(f" {glyph} ", style=f"bold {style}") + Text(f"{check['id']:<18}", style="bold")
-                          + Text(summary, style="dim" if status in ("pass", "skip") else ""))
-    if data.get("collective_benchmark"):  # the reference job's smoke test
-        from ddpdoctor.analysis.render.benchmark import render_benchmark
-
-        render_benchmark(console, data["collective_benchmark"], plain=plain)
-    if data.get("cut"):
-        cut = data["cut"]
-        unit = "optimizer steps" if cut["reason"] == "max-steps" else "training epochs"
-        console.print(Text(f"run cut on purpose after {cut['at']} {unit} (--{cut['reason']}): the checks judged "
-                           "what ran until then"))
-    if data.get("interruption"):
-        _render_interruption(console, data["interruption"])
-    for finding in data["findings"]:
-        _render_finding(console, finding, plain=plain)
-    for entry in data.get("suppressed", []):
-        finding, where = entry["finding"], _where(entry["finding"].get("location"))
-        console.print(Text(f"suppressed {finding['severity']} {finding['check']} at {where}: {finding['message']} "
-                           f"(reason: {entry['reason'] or 'none given'})", style="dim"))
-    for stale in data.get("unused_suppressions", []):
-        console.print(Text(f"ddpdoctor: the suppression at {stale['file']}:{stale['line']} "
-                           f"(ignore[{', '.join(stale['checks'])}]) matched nothing", style="yellow"))
-    for problem in data.get("probe_errors", []):
-        console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}) on ranks "
-                           f"{problem['ranks'] or '-'}; checks left incomplete: {', '.join(problem['checks'])}",
-                           style="yellow"))
-    console.print(Text(verdict(report, fail_on), style="bold"))
-
-
-def _render_finding(console: Console, finding: dict, *, plain: bool) -> None:
-    where = _where(finding.get("location"))
-    ranks = ", ".join(map(str, finding.get("ranks", [])))
-    body = [Text(finding["message"])]
-    if where:
-        body.append(Text(f"at {where}"))
-    if ranks:
-        body.append(Text(f"ranks: {ranks}"))
-    evidence = finding.get("evidence", {})
-    body.extend(Text(line, style="dim") for line in _evidence_lines(evidence))
-    for table in (_rank_table(evidence.get("ranks")),
-                  _timeline_table(evidence.get("timeline") or {}, evidence.get("first_divergence"))):
-        if table is not None:
-            body.append(table)
-    for consequence in finding.get("consequences", []):
-        at = _where(consequence.get("location"))
-        body.append(Text(f"consequence ({consequence['check']}): {consequence['message']}"
-                         + (f" at {at}" if at else ""), style="" if plain else "magenta"))
-    body.append(Text("fix: " + finding["fix"], style="" if plain else "green"))
-    title = f"{finding['severity'].upper()} {finding['check']}"
-    if plain:
-        console.print(Text(title))
-        for line in body:
-            if isinstance(line, Text):
-                console.print(Text("    ") + line)
-            else:
-                console.print(Padding(line, (0, 0, 0, 4), expand=False))
-    else:
-        console.print(Panel(Group(*body), title=title, title_align="left",
-                            border_style=_SEVERITY_STYLE[finding["severity"]]))
-
-
-render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
-
-
-def _render_interruption(console: Console, interruption: dict) -> None:
+def _render_interruption(console: Console, interruption: dict, sources: dict, *, plain: bool) -> None:
     """Which signal stopped the run, what the checks did not judge, where each rank was."""
     who = f" (sent to rank {interruption['rank']})" if interruption.get("rank") is not None else ""
     if interruption.get("during") == "start-up":
@@ -217,10 +309,76 @@ def _render_interruption(console: Console, interruption: dict) -> None:
     left = interruption.get("left_out_summary")
     console.print(Text(f"interrupted by {interruption.get('signal')}{who}: the checks judged what every rank completed "
                        "before it" + (f" (left out: {left})" if left else ""), style="bold"))
-    table = _rank_table(interruption.get("ranks") or {})
-    if table is not None:
-        table.title, table.title_justify = "where each rank was", "left"
-        console.print(Padding(table, (0, 0, 0, 4), expand=False))
+    view = _ranks_view(interruption.get("ranks") or {}, sources, plain=plain, width=max(60, console.width - 8))
+    if view is not None:
+        console.print(Padding(view, (0, 0, 0, 4), expand=False))
+
+
+def render(console: Console, report: Report, *, plain: bool, fail_on: str = "warning") -> None:
+    data = report.to_json()
+    console.print()
+    nodes = f"{data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}"
+    script = display_path(data["script"]) if data["script"] else "reference job"
+    console.print(Text(f"ddpdoctor {data['version']}: {script} on "
+                       f"{data['world_size']} ranks ({nodes}, {data['backend']}, {data['device']}), outcome "
+                       f"{data['outcome']}, {data['duration_s']:.1f}s", style="bold"))
+    if data.get("framework"):
+        framework = data["framework"]
+        console.print(Text(f"framework: {framework['title']} {framework.get('version') or ''}".rstrip()
+                           + " (DDP set up by it; fixes use its words)"))
+    simulation = device_simulation_line(report.device_simulation)
+    if simulation:
+        console.print(Text(simulation))
+    launched = launch_line(data.get("launch") or {})
+    if launched:
+        console.print(Text(launched))
+    if data["nnodes"] > 1 or len({r.get("host") for r in data.get("ranks", [])}) > 1:
+        console.print(Padding(_nodes_table(data.get("ranks", [])), (0, 0, 0, 1), expand=False))
+    checks = [{**c, "consequence_of": consequence_of(c, data["findings"])} for c in data["checks"]]
+    if plain:
+        for check in checks:
+            console.print(_check_line(check, plain=True, width=0))
+    elif data["checks"]:  # a grid: a long summary wraps under itself, never under the glyphs
+        grid = Table(box=None, padding=(0, 1), show_header=False, show_edge=False)
+        grid.add_column(no_wrap=True)
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        for check in checks:
+            glyph, id_text, summary = _check_cells(check)
+            grid.add_row(glyph, id_text, summary)
+        console.print(grid)
+    if data.get("collective_benchmark"):  # the reference job's smoke test
+        from ddpdoctor.analysis.render.benchmark import render_benchmark
+
+        render_benchmark(console, data["collective_benchmark"], plain=plain)
+    if data.get("cut"):
+        cut = data["cut"]
+        unit = "optimizer steps" if cut["reason"] == "max-steps" else "training epochs"
+        console.print(Text(f"run cut on purpose after {cut['at']} {unit} (--{cut['reason']}): the checks judged "
+                           "what ran until then"))
+    sources = data.get("sources") or {}
+    if data.get("interruption"):
+        _render_interruption(console, data["interruption"], sources, plain=plain)
+    for finding in data["findings"]:
+        _render_finding(console, finding, plain=plain, sources=sources)
+    for entry in data.get("suppressed", []):
+        finding = entry["finding"]
+        where = f" at {_location_text(finding['location'])}" if finding.get("location") else ""
+        console.print(Text(f"suppressed {finding['severity']} {finding['check']}{where}: {finding['message']} "
+                           f"(reason: {entry['reason'] or 'none given'})", style="dim"))
+    for stale in data.get("unused_suppressions", []):
+        console.print(Text(f"ddpdoctor: the suppression at {stale['file']}:{stale['line']} "
+                           f"(ignore[{', '.join(stale['checks'])}]) matched nothing", style="yellow"))
+    for problem in data.get("probe_errors", []):
+        console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}) on ranks "
+                           f"{problem['ranks'] or '-'}; checks left incomplete: {', '.join(problem['checks'])}",
+                           style="yellow"))
+    log = data.get("launcher_log")
+    if log and log.get("lines"):
+        count = len(log["lines"])
+        where = f" in {log['path']}" if log.get("path") else " in the JSON report (launcher_log)"
+        console.print(Text(f"torchrun's own log ({count} line{'s' if count != 1 else ''}) is{where}", style="dim"))
+    console.print(Text(verdict(report, fail_on), style="bold"))
 
 
 def verdict(report: Report, fail_on: str = "warning") -> str:
@@ -237,3 +395,6 @@ def verdict(report: Report, fail_on: str = "warning") -> str:
         return f"verdict: OK at --fail-on {fail_on}: {tally}"
     suffix = f" ({counts['info']} info)" if counts["info"] else ""
     return f"verdict: OK: every check passed or had nothing to check{suffix}"
+
+
+__all__ = ["render", "render_finding", "finding_body", "code_block", "verdict", "consequence_of"]

@@ -2,30 +2,52 @@
 
 ``device_count()`` is the ranks per node (LOCAL_WORLD_SIZE; in an mp.spawn launcher, before any
 worker exists, the configured --nproc-per-node), so ``mp.spawn(..., nprocs=device_count())`` starts
-the job ddpdoctor was asked for. Memory and timing answers are harmless constants or CPU clocks.
-What has no CPU meaning (CUDA graphs, torch.cuda.nccl, jiterator, anything that would initialize
-the CUDA runtime) raises :class:`NotSimulatedError` naming the API.
+the job ddpdoctor was asked for. Memory and timing answers are harmless constants or CPU clocks
+(properties.py), streams and events are no-ops (streams.py), RNG state is kept per device (rng.py).
+
+Every replacement keeps its kind (a class stays a class, a subclass of torch's; a function stays a
+function; a module stays the module), so ``isinstance``, subclassing and ``torch.cuda.X | None``
+annotations work at import. Every other public function of these modules is guarded: it runs as
+torch wrote it, and where it fails for want of CUDA, its error (of the kind a CPU-only torch
+raises) names the API and the ledger records it. What has no CPU meaning (CUDA graphs, memory
+pools, external streams) raises that way at its first use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+import inspect
 import os
 import sys
-import time
-from types import SimpleNamespace
-from typing import Any, Optional
+import types
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from ddpdoctor.rank.devicesim.errors import NotSimulatedError, NotSimulatedModule, raiser
+from ddpdoctor.rank.devicesim import properties
+from ddpdoctor.rank.devicesim.errors import CPU_BUILD_ERRORS, NOT_COMPILED, NotSimulatedError, not_simulated, raiser
 from ddpdoctor.rank.devicesim.ledger import Ledger
 from ddpdoctor.rank.devicesim.mode import is_cuda
+from ddpdoctor.rank.devicesim.rng import SimulatedRng, generator_class
+from ddpdoctor.rank.devicesim.streams import stream_classes
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 
-DEVICE_NAME = "ddpdoctor simulated GPU (CPU)"
-TOTAL_MEMORY = 80 * 1024 ** 3
+DEVICE_NAME = properties.NAME  # kept for callers of the old names
+TOTAL_MEMORY = properties.TOTAL_MEMORY
+
+# Modules whose public functions are simulated or guarded. Submodules re-export into torch.cuda
+# (torch.cuda.memory_allocated is torch.cuda.memory.memory_allocated): a stand-in replaces one
+# function object under every name it has, so the aliases stay aliases.
+OWNERS = ("torch.cuda", "torch.cuda.memory", "torch.cuda.random", "torch.cuda.graphs", "torch.cuda.streams",
+          "torch.cuda.nvtx", "torch.cuda.profiler", "torch.cuda.nccl", "torch.cuda.tunable", "torch.cuda.jiterator",
+          "torch.accelerator", "torch.accelerator.graphs")
+
+# Legacy CUDA tensor types (torch.cuda.FloatTensor...): the CPU's, as every CUDA tensor is a CPU one here.
+_LEGACY_TYPES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor", "CharTensor",
+                 "ShortTensor", "IntTensor", "LongTensor", "BoolTensor")
 
 
 def local_device_count(nproc_per_node: Optional[int]) -> int:
@@ -48,85 +70,28 @@ class SimulatedDevices:
         self.current = 0
 
     def index(self, device: Any, api: str) -> int:
-        if device is None:
-            return self.current
-        if isinstance(device, str) and device == "cuda":
+        if device is None or (isinstance(device, str) and device == "cuda"):
             return self.current
         if isinstance(device, torch.device):
             if device.type != "cuda":
                 raise ValueError(f"{api}: expected a CUDA device, got {device}")
             return self.current if device.index is None else device.index
-        index = int(str(device).split(":", 1)[1]) if isinstance(device, str) else int(device)
-        return index
+        if isinstance(device, str):
+            if not device.startswith("cuda:"):
+                raise ValueError(f"{api}: expected a CUDA device, got {device!r}")
+            return int(device.split(":", 1)[1])
+        return int(device)
 
     def set_device(self, device: Any, api: str = "torch.cuda.set_device") -> None:
         index = self.index(device, api)
-        if not 0 <= index < self.count:
+        if index < 0:
+            return  # torch: a negative index is a no-op
+        if index >= self.count:
             # torch's own words, so analysis decodes it like the real "invalid device ordinal"
             raise RuntimeError(f"CUDA error: invalid device ordinal (simulated: {api}({index}) with "
                                f"{self.count} simulated GPUs on this node)")
         self.current = index
         self.ledger.device(index)
-
-
-class SimulatedEvent:
-    """torch.cuda.Event on the CPU clock: record() stamps the time; elapsed_time() is in ms."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                 **_kwargs: Any) -> None:
-        self.enable_timing = enable_timing
-        self._t: Optional[float] = None
-
-    def record(self, stream: Any = None) -> None:
-        self._t = time.perf_counter()
-
-    def wait(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end_event: "SimulatedEvent") -> float:
-        if self._t is None or end_event._t is None:
-            raise RuntimeError("elapsed_time: both events must be recorded first")
-        return (end_event._t - self._t) * 1000.0
-
-
-class SimulatedStream:
-    """torch.cuda.Stream: CPU work is already ordered, so every method is a no-op."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **_kwargs: Any) -> None:
-        self.device = torch.device("cuda", 0)
-        self.priority = priority
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def record_event(self, event: Any = None) -> SimulatedEvent:
-        event = event or SimulatedEvent()
-        event.record()
-        return event
-
-    def synchronize(self) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:
-        return False
-
-    def __enter__(self) -> "SimulatedStream":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
 
 
 def _nothing(*_args: Any, **_kwargs: Any) -> None:
@@ -138,112 +103,265 @@ def _zero(*_args: Any, **_kwargs: Any) -> int:
 
 
 def install(rec: Recorder, ledger: Ledger, *, nproc_per_node: Optional[int]) -> SimulatedDevices:
-    """Patch torch.cuda and torch.accelerator (restored by patching.restore_all)."""
+    """Patch torch.cuda, torch.accelerator and torch.Generator (restored by patching.restore_all)."""
     devices = SimulatedDevices(ledger, local_device_count(nproc_per_node))
-    cuda = torch.cuda
-
-    counted = _counter(ledger)
-
-    def properties(device: Any = None) -> SimpleNamespace:
-        return SimpleNamespace(name=DEVICE_NAME, total_memory=TOTAL_MEMORY, major=8, minor=0, multi_processor_count=1,
-                               is_integrated=False, is_multi_gpu_board=False, uuid="ddpdoctor-simulated",
-                               L2_cache_size=0, warp_size=32, gcnArchName="")
-
-    class SimulatedDeviceContext:
-        """``with torch.cuda.device(n):`` / ``torch.accelerator.device_index(n)``."""
-
-        def __init__(self, device: Any) -> None:
-            self.index = None if device is None else devices.index(device, "torch.cuda.device")
-            self.previous = devices.current
-
-        def __enter__(self) -> "SimulatedDeviceContext":
-            self.previous = devices.current
-            if self.index is not None and 0 <= self.index < devices.count:
-                devices.current = self.index
-            return self
-
-        def __exit__(self, *exc: Any) -> None:
-            devices.current = self.previous
-
-    rng = {"get_rng_state": lambda device="cuda": torch.get_rng_state(),
-           "get_rng_state_all": lambda: [torch.get_rng_state() for _ in range(devices.count)],
-           "set_rng_state": _nothing, "set_rng_state_all": _nothing,
-           "manual_seed": _nothing, "manual_seed_all": _nothing, "seed": _nothing, "seed_all": _nothing,
-           "initial_seed": lambda: torch.initial_seed()}
-    answers: dict[str, Any] = {
-        "is_available": lambda: True,
-        "is_initialized": lambda: True,
-        "device_count": counted("torch.cuda.device_count", lambda: devices.count),
-        "current_device": lambda: devices.current,
-        "set_device": counted("torch.cuda.set_device", lambda device: devices.set_device(device)),
-        "device": SimulatedDeviceContext,
-        "synchronize": counted("torch.cuda.synchronize", _nothing),
-        "get_device_name": lambda device=None: DEVICE_NAME,
-        "get_device_capability": lambda device=None: (8, 0),
-        "get_device_properties": properties,
-        "get_arch_list": lambda: [],
-        "is_bf16_supported": lambda including_emulation=True: True,
-        "memory_allocated": _zero, "max_memory_allocated": _zero, "memory_reserved": _zero,
-        "max_memory_reserved": _zero, "memory_cached": _zero, "max_memory_cached": _zero,
-        "reset_peak_memory_stats": _nothing, "reset_max_memory_allocated": _nothing,
-        "reset_max_memory_cached": _nothing, "reset_accumulated_memory_stats": _nothing,
-        "empty_cache": _nothing, "ipc_collect": _nothing, "set_per_process_memory_fraction": _nothing,
-        "memory_stats": lambda device=None: {}, "memory_summary": lambda device=None, abbreviated=False: "",
-        "mem_get_info": lambda device=None: (TOTAL_MEMORY, TOTAL_MEMORY),
-        "Event": SimulatedEvent, "Stream": SimulatedStream,
-        "current_stream": lambda device=None: SimulatedStream(), "default_stream": lambda device=None: SimulatedStream(),
-        "stream": lambda stream=None: contextlib.nullcontext(stream), "set_stream": _nothing,
-        "is_current_stream_capturing": lambda: False,
-        **rng,  # not counted: torch.manual_seed itself calls torch.cuda.manual_seed_all
-    }
-    for name, value in answers.items():
-        _replace(rec, cuda, name, value)
-    for name in ("range_push", "range_pop", "mark"):
-        _replace(rec, cuda.nvtx, name, _zero)
-    _replace(rec, cuda.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
-    _replace(rec, cuda.memory, "mem_get_info", answers["mem_get_info"])
-
-    ignored = lambda api: lambda *a, **k: ledger.not_simulated(api, ignored=True)  # noqa: E731
-    for name in ("_record_memory_history", "_dump_snapshot"):
-        _replace(rec, cuda.memory, name, ignored(f"torch.cuda.memory.{name}"))
-    note = ledger.not_simulated
-    for name in ("CUDAGraph", "graph", "make_graphed_callables", "graph_pool_handle", "caching_allocator_alloc",
-                 "set_sync_debug_mode", "ExternalStream"):
-        _replace(rec, cuda, name, raiser(f"torch.cuda.{name}", note))
-    for name in ("nccl", "jiterator"):
-        _replace(rec, cuda, name, NotSimulatedModule(f"torch.cuda.{name}", note))
-    for owner in (cuda, sys.modules.get("torch.cuda.memory"), sys.modules.get("torch.cuda.random")):
-        if owner is not None:
-            _replace(rec, owner, "_lazy_init", _lazy_init_raiser(note))
-    _install_accelerator(rec, ledger, devices, SimulatedDeviceContext)
+    rng = SimulatedRng(devices)
+    stand_ins = {**_cuda_answers(ledger, devices, rng), **_accelerator_answers(ledger, devices)}
+    unsupported = _unsupported(ledger)
+    _apply(rec, ledger, {**stand_ins, **unsupported})
+    for owner in ("torch.cuda", "torch.cuda.memory", "torch.cuda.random"):
+        module = sys.modules.get(owner)
+        if module is not None and hasattr(module, "_lazy_init"):
+            _replace(rec, module, "_lazy_init", _lazy_init_raiser(ledger.not_simulated))
+    _replace(rec, torch, "Generator", generator_class(ledger))
     return devices
 
 
-def _install_accelerator(rec: Recorder, ledger: Ledger, devices: SimulatedDevices, context: type) -> None:
+def _cuda_answers(ledger: Ledger, devices: SimulatedDevices, rng: SimulatedRng) -> dict[str, Any]:
+    """Qualified name -> stand-in, for torch.cuda and its submodules."""
+    counted = _counter(ledger)
+    cuda = torch.cuda
+
+    class device(cuda.device):  # noqa: N801 (torch's name)
+        """``with torch.cuda.device(n):`` on the simulated devices."""
+
+        def __init__(self, device: Any) -> None:
+            self.idx = -1 if device is None else devices.index(device, "torch.cuda.device")
+            self.prev_idx = devices.current
+
+        def __enter__(self) -> "device":
+            self.prev_idx = devices.current
+            if 0 <= self.idx < devices.count:
+                devices.current = self.idx
+            return self
+
+        def __exit__(self, *exc: Any) -> bool:
+            devices.current = self.prev_idx
+            return False
+
+    Stream, Event = stream_classes(devices)
+    ignored = lambda api: lambda *a, **k: ledger.not_simulated(api, ignored=True)  # noqa: E731
+    answers: dict[str, Any] = {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "init": _nothing,
+        "device_count": counted("torch.cuda.device_count", lambda: devices.count),
+        "current_device": lambda: devices.current,
+        "set_device": counted("torch.cuda.set_device", lambda device: devices.set_device(device)),
+        "device": device,
+        "synchronize": counted("torch.cuda.synchronize", _nothing),
+        "get_device_name": lambda device=None: properties.NAME,
+        "get_device_capability": lambda device=None: properties.CAPABILITY,
+        "get_device_properties": lambda device=None: properties.device_properties(
+            devices.index(device, "torch.cuda.get_device_properties")),
+        "is_bf16_supported": lambda including_emulation=True: True,
+        "is_tf32_supported": lambda: True,
+        "can_device_access_peer": lambda device, peer_device: True,
+        "get_allocator_backend": lambda: "native",
+        "get_per_process_memory_fraction": lambda device=None: 1.0,
+        "set_per_process_memory_fraction": _nothing,
+        "memory_stats": properties.memory_stats,
+        "memory_stats_as_nested_dict": properties.memory_stats_as_nested_dict,
+        "reset_peak_memory_stats": _nothing, "reset_max_memory_allocated": _nothing,
+        "reset_max_memory_cached": _nothing, "reset_accumulated_memory_stats": _nothing,
+        "reset_peak_host_memory_stats": _nothing, "reset_accumulated_host_memory_stats": _nothing,
+        "empty_cache": _nothing, "ipc_collect": _nothing,
+        "mem_get_info": properties.mem_get_info,
+        "memory_snapshot": lambda *a, **k: [],
+        "Event": Event, "Stream": Stream,
+        "current_stream": lambda device=None: Stream(device), "default_stream": lambda device=None: Stream(device),
+        "stream": lambda stream=None: contextlib.nullcontext(stream), "set_stream": _nothing,
+        "is_current_stream_capturing": lambda: False,
+        "get_sync_debug_mode": _zero,
+        "set_sync_debug_mode": ignored("torch.cuda.set_sync_debug_mode"),
+        "memory._record_memory_history": ignored("torch.cuda.memory._record_memory_history"),
+        "memory._dump_snapshot": ignored("torch.cuda.memory._dump_snapshot"),
+        "profiler.start": ignored("torch.cuda.profiler.start"),
+        "profiler.stop": ignored("torch.cuda.profiler.stop"),
+        "nvtx.range_push": _zero, "nvtx.range_pop": _zero, "nvtx.range_start": _zero, "nvtx.range_end": _nothing,
+        "nvtx.mark": _nothing, "nvtx.range": lambda *a, **k: contextlib.nullcontext(),
+        **rng.answers(),  # not counted: torch.manual_seed itself calls torch.cuda.manual_seed_all
+    }
+    for name in _LEGACY_TYPES:
+        if hasattr(torch, name):
+            answers[name] = getattr(torch, name)
+    return {("torch.cuda." + name): value for name, value in answers.items()}
+
+
+def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices) -> dict[str, Any]:
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is None:
-        return
-
-    count_and = _counter(ledger)
-    set_index = count_and("torch.accelerator.set_device_index",
-                          lambda device: devices.set_device(device, "torch.accelerator.set_device_index"))
-    answers = {
+        return {}
+    counted = _counter(ledger)
+    set_index = counted("torch.accelerator.set_device_index",
+                        lambda device: devices.set_device(device, "torch.accelerator.set_device_index"))
+    answers: dict[str, Any] = {
         "is_available": lambda: True,
-        "current_accelerator": count_and("torch.accelerator.current_accelerator",
-                                         lambda check_available=False: torch.device("cuda")),
-        "device_count": count_and("torch.accelerator.device_count", lambda: devices.count),
+        "current_accelerator": counted("torch.accelerator.current_accelerator",
+                                       lambda check_available=False: torch.device("cuda")),
+        "device_count": counted("torch.accelerator.device_count", lambda: devices.count),
         "set_device_index": set_index, "set_device_idx": set_index,
         "current_device_index": lambda: devices.current, "current_device_idx": lambda: devices.current,
-        "synchronize": count_and("torch.accelerator.synchronize", _nothing),
-        "device_index": context,
-        "current_stream": lambda device=None: SimulatedStream(), "set_stream": _nothing,
-        "empty_cache": _nothing, "memory_allocated": _zero, "max_memory_allocated": _zero,
-        "memory_reserved": _zero, "max_memory_reserved": _zero, "reset_peak_memory_stats": _nothing,
-        "reset_accumulated_memory_stats": _nothing, "memory_stats": lambda device=None: {},
-        "get_memory_info": lambda device=None: (TOTAL_MEMORY, TOTAL_MEMORY),
+        "synchronize": counted("torch.accelerator.synchronize", _nothing),
+        "current_stream": lambda device=None: torch.cuda.current_stream(device), "set_stream": _nothing,
+        "empty_cache": _nothing, "empty_host_cache": _nothing, "memory_allocated": _zero,
+        "max_memory_allocated": _zero, "memory_reserved": _zero, "max_memory_reserved": _zero,
+        "reset_peak_memory_stats": _nothing, "reset_accumulated_memory_stats": _nothing,
+        "memory_stats": properties.memory_stats, "get_memory_info": properties.mem_get_info,
+        "get_device_capability": lambda device=None: {
+            "supported_dtypes": {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
+                                 torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool}},
     }
-    for name, value in answers.items():
-        _replace(rec, accelerator, name, value)
+    if hasattr(accelerator, "device_index"):
+        base = accelerator.device_index
+
+        class device_index(base):  # noqa: N801 (torch's name)
+            """``with torch.accelerator.device_index(n):`` on the simulated devices."""
+
+            def __init__(self, device: Optional[int], /) -> None:
+                self.idx = -1 if device is None else devices.index(device, "torch.accelerator.device_index")
+                self.prev_idx = devices.current
+
+            def __enter__(self) -> None:
+                self.prev_idx = devices.current
+                if 0 <= self.idx < devices.count:
+                    devices.current = self.idx
+
+            def __exit__(self, *exc: Any) -> None:
+                devices.current = self.prev_idx
+
+        answers["device_index"] = device_index
+    return {("torch.accelerator." + name): value for name, value in answers.items()}
+
+
+def _unsupported(ledger: Ledger) -> dict[str, Any]:
+    """What has no CPU meaning, raising at first use what a CPU-only torch raises there. CUDA graphs,
+    memory pools and external streams: classes whose construction raises RuntimeError (a CPU build's
+    bases are dummies, or need a CUDA stream)."""
+    names = ("torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.MemPool", "torch.cuda.ExternalStream",
+             "torch.accelerator.Graph")
+    classes = {name: _raising_class(_resolve(name), name, ledger.not_simulated) for name in names if _resolve(name)}
+    note = ledger.not_simulated
+    # Raw allocator and memory pool calls: a CPU-only torch fails in their first step (the current
+    # device, an AssertionError), which the simulation answers, so they fail here the same way.
+    functions = {name: raiser(name, note, kind=AssertionError, cause=NOT_COMPILED)
+                 for name in ("torch.cuda.caching_allocator_alloc", "torch.cuda.caching_allocator_delete")}
+
+    @contextlib.contextmanager
+    def use_mem_pool(pool: Any, device: Any = None) -> Iterator[None]:
+        note("torch.cuda.use_mem_pool")
+        raise not_simulated("torch.cuda.use_mem_pool", AssertionError, NOT_COMPILED)
+        yield  # a context manager, as torch's: it fails on entry
+
+    functions["torch.cuda.use_mem_pool"] = use_mem_pool
+    # Jiterator kernels are made at import time by some libraries and fail when called, as they do
+    # in a CPU-only torch (an AssertionError).
+    for name in ("_create_jit_fn", "_create_multi_output_jit_fn"):
+        functions[f"torch.cuda.jiterator.{name}"] = _jiterator_factory(f"torch.cuda.jiterator.{name}", note)
+    return {**classes, **functions}
+
+
+def _jiterator_factory(api: str, note: Callable[[str], None]) -> Callable[..., Any]:
+    def create(code_string: str, *args: Any, **kwargs: Any) -> Callable[..., None]:
+        return raiser(api, note, kind=AssertionError, cause="Jiterator is only supported on CUDA and ROCm GPUs")
+
+    return create
+
+
+def _raising_class(original: type, api: str, note: Callable[[str], None]) -> type:
+    """A subclass of ``original`` whose construction records ``api`` and raises RuntimeError (the
+    kind a CPU-only torch raises for these); isinstance, subclassing and annotations still work."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        note(api)
+        raise not_simulated(api, RuntimeError)
+
+    return type(original)(original.__name__, (original,), {
+        "__new__": __new__, "__module__": original.__module__, "__qualname__": original.__qualname__,
+        "__doc__": original.__doc__})
+
+
+def _resolve(qualified: str) -> Any:
+    module, _, name = qualified.rpartition(".")
+    owner = sys.modules.get(module)
+    if owner is None:
+        try:
+            owner = importlib.import_module(module)
+        except ImportError:
+            return None
+    return getattr(owner, name, None)
+
+
+def _apply(rec: Recorder, ledger: Ledger, stand_ins: dict[str, Any]) -> None:
+    """Replace every name of each stood-in object in ``OWNERS`` and guard the other public functions."""
+    by_original: dict[int, Any] = {}
+    for qualified, value in stand_ins.items():
+        original = _resolve(qualified)
+        if original is not None:
+            value = by_original[id(original)] = _own(value)
+            module, _, name = qualified.rpartition(".")
+            _replace(rec, sys.modules[module], name, value)
+    guards: dict[int, Any] = {}
+    for owner_name in OWNERS:
+        try:
+            owner = importlib.import_module(owner_name)
+        except ImportError:
+            continue
+        for name in public_names(owner):
+            value = getattr(owner, name, None)
+            if value is None:
+                continue
+            replacement = by_original.get(id(value))
+            if replacement is not None:
+                _replace(rec, owner, name, replacement)
+            elif _guardable(value):
+                guard = guards.get(id(value))
+                if guard is None:
+                    guard = guards[id(value)] = guarded(f"{owner_name}.{name}", value, ledger.not_simulated)
+                _replace(rec, owner, name, guard)
+
+
+def _own(value: Any) -> Any:
+    """A function of its own for a callable stand-in: ``patch`` stamps it with torch's name and doc,
+    which must not land on a shared function or a bound method. Classes and values stay as they are."""
+    if isinstance(value, type) or not callable(value):
+        return value
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        return value(*args, **kwargs)
+
+    return stand_in
+
+
+def public_names(module: types.ModuleType) -> list[str]:
+    """``__all__`` and the other public names the module defines (torch.cuda.nccl.version is not in
+    its ``__all__``)."""
+    own = {name for name, value in vars(module).items()
+           if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__}
+    return sorted(own | set(getattr(module, "__all__", None) or ()))
+
+
+def _guardable(value: Any) -> bool:
+    """A torch function (not a class, a module or a name imported from elsewhere)."""
+    return (inspect.isfunction(value) or inspect.isbuiltin(value)) and \
+        str(getattr(value, "__module__", "") or "").startswith("torch")
+
+
+def guarded(api: str, fn: Callable[..., Any], note: Callable[[str], None]) -> Callable[..., Any]:
+    """``fn`` as torch wrote it; a failure of the kinds a CPU-only torch raises for missing CUDA is
+    recorded and re-raised as the same kind, naming ``api``."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NotSimulatedError:
+            raise
+        except CPU_BUILD_ERRORS as exc:
+            note(api)
+            raise not_simulated(api, type(exc), str(exc)) from exc
+
+    return call
 
 
 def _counter(ledger: Ledger) -> Any:
@@ -252,7 +370,10 @@ def _counter(ledger: Ledger) -> Any:
 
     def counted(api: str, fn: Any) -> Any:
         def simulated(*args: Any, **kwargs: Any) -> Any:
-            caller = sys._getframe(1).f_globals.get("__name__", "")
+            frame = sys._getframe(1)
+            while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+                frame = frame.f_back  # the stand-in's own wrapper (_own)
+            caller = frame.f_globals.get("__name__", "")
             if not caller.startswith(("torch.", "ddpdoctor.")):
                 ledger.count(api)
             return fn(*args, **kwargs)
@@ -263,29 +384,32 @@ def _counter(ledger: Ledger) -> Any:
 
 
 def _lazy_init_raiser(note: Any) -> Any:
-    """torch.cuda's lazy CUDA initialization, reached by any torch.cuda API not simulated here."""
+    """torch.cuda's lazy CUDA initialization, reached by any torch.cuda API not simulated here: the
+    CPU build's AssertionError, naming the API that needed it."""
 
     def _lazy_init() -> None:
         caller = sys._getframe(1)
         module = caller.f_globals.get("__name__", "torch.cuda")
         api = f"{module}.{caller.f_code.co_name}"
         note(api)
-        raise NotSimulatedError(api)
+        raise not_simulated(api, AssertionError, NOT_COMPILED)
 
     return _lazy_init
 
 
 def _replace(rec: Recorder, owner: Any, name: str, value: Any) -> None:
-    """Patch ``owner.name`` with ``value`` where this torch version has the attribute."""
-    if getattr(owner, name, None) is None:
+    """Patch ``owner.name`` with ``value`` where this torch version has the attribute, keeping its
+    kind: a class by a class, a function by a function, any other value by one of its type."""
+    original = getattr(owner, name, None)
+    if original is None or original is value:
         return
-    if value is _nothing or value is _zero:  # a fresh function per attribute: patch() stamps its wrapper
-        shared = value
-
-        def value(*args: Any, **kwargs: Any) -> Any:
-            return shared(*args, **kwargs)
-
+    if isinstance(original, type):
+        assert isinstance(value, type), f"{name}: a class must stay a class"
+    elif callable(original):
+        assert callable(value) and not isinstance(value, type), f"{name}: a function must stay a function"
+    else:
+        assert type(value) is type(original), f"{name}: a {type(original).__name__} must stay one"
     patch(rec, "device", owner, name, lambda _original: value)
 
 
-__all__ = ["SimulatedDevices", "SimulatedEvent", "SimulatedStream", "install", "local_device_count", "is_cuda"]
+__all__ = ["SimulatedDevices", "install", "local_device_count", "is_cuda", "public_names", "OWNERS"]

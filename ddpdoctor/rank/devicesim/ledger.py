@@ -20,15 +20,17 @@ MODULES = "cuda modules->cpu"
 MAP_LOCATION = "torch.load map_location->cpu"
 DDP_DEVICE_IDS = "DDP device_ids->cpu"
 PIN_MEMORY = "pin_memory->no-op"
+GENERATORS = "torch.Generator(cuda)->cpu"
 
 
 class Ledger:
     """Counts of simulated calls (``count``), unsupported calls and the CUDA devices asked for."""
 
-    def __init__(self, rec: Optional[Recorder], *, mode: str, active: bool) -> None:
+    def __init__(self, rec: Optional[Recorder], *, mode: str, active: bool, reason: str = "") -> None:
         self.rec = rec
         self.mode = mode
         self.active = active
+        self.reason = reason
         self.calls: dict[str, int] = {}
         self.unsupported: list[str] = []
         self.ignored: list[str] = []
@@ -57,7 +59,7 @@ class Ledger:
             self.emit()
 
     def event(self) -> DeviceSimulation:
-        return DeviceSimulation(mode=self.mode, active=self.active, calls=dict(self.calls),
+        return DeviceSimulation(mode=self.mode, active=self.active, reason=self.reason, calls=dict(self.calls),
                                 unsupported=list(self.unsupported), ignored=list(self.ignored),
                                 devices=sorted(self.devices))
 

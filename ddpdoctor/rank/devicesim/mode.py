@@ -48,7 +48,7 @@ class CpuDeviceMode(TorchFunctionMode):
         self.special: dict[Any, Callable[..., Any]] = {
             torch.Tensor.to: self._to, torch._C._nn._parse_to: self._to, torch.Tensor.cuda: self._cuda,
             torch.Tensor.pin_memory: self._pin_memory, torch.Tensor.is_pinned: self._is_pinned,
-            torch.Tensor.record_stream: self._record_stream,
+            torch.Tensor.record_stream: self._record_stream, torch.Tensor.type: self._type,
         }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -89,6 +89,19 @@ class CpuDeviceMode(TorchFunctionMode):
         memory_format = kwargs.get("memory_format")
         tensor = args[0]
         return tensor.contiguous(memory_format=memory_format) if memory_format is not None else tensor
+
+    def _type(self, func, args, kwargs):
+        """``tensor.type("torch.cuda.FloatTensor")``: the CPU type of that name (the class form,
+        ``torch.cuda.FloatTensor``, is the CPU class already: see cuda_api)."""
+        dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+        if isinstance(dtype, str) and dtype.startswith("torch.cuda."):
+            self._note(TENSORS, "cuda")
+            dtype = "torch." + dtype[len("torch.cuda."):]
+            if "dtype" in kwargs:
+                kwargs = {**kwargs, "dtype": dtype}
+            else:
+                args = (args[0], dtype, *args[2:])
+        return func(*args, **kwargs)
 
     def _pin_memory(self, func, args, kwargs):
         self.ledger.count(PIN_MEMORY)

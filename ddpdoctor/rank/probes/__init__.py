@@ -13,7 +13,7 @@ from ddpdoctor.rank.recorder import Recorder
 # Each module's install(rec) returns an optional finalizer run when the script ends.
 # "device" (CUDA/NCCL simulation on CPU) first: the probes after it wrap its stand-ins.
 PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
-                 "environment", "content")
+                 "environment", "content", "flight_recorder")
 
 
 def install(rec: Recorder) -> Callable[[], None]:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from ddpdoctor.rank import callsite
+from ddpdoctor.rank.clock import units_of
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import Collective
@@ -96,7 +97,10 @@ def install(rec: Recorder) -> None:
         def wrap(original):
             signature = _binder(original)
 
-            def record(args, kwargs) -> None:
+            def record(args, kwargs) -> tuple:
+                """Write the call before it runs (a call that hangs is in the trace); returns what
+                after_call needs: (n, predicted units, the sequence number before, the subgroup's
+                ranks or None for the world group)."""
                 arguments = dict(kwargs)
                 if signature is not None:
                     try:
@@ -104,20 +108,26 @@ def install(rec: Recorder) -> None:
                     except TypeError:
                         arguments = dict(kwargs)
                 values = [v for k, v in arguments.items() if k != "group"] if signature else list(args) + list(kwargs.values())
-                rec.collective_seq += 1
+                ranks = group_ranks(arguments.get("group"))
+                group = None if ranks is None else tuple(ranks) if isinstance(ranks, list) else (ranks,)
+                units = predicted_units(op)
+                n, before = rec.clock.before_call(op, units, group=group)
                 site = callsite.caller_site(3)
-                rec.emit(Collective(op=op, n=rec.collective_seq, tensors=describe_tensors(values),
-                                    group=group_ranks(arguments.get("group")), site=site,
-                                    rank_branch=in_rank_branch(site)))
+                rec.emit(Collective(op=op, n=n, tensors=describe_tensors(values), group=ranks, site=site,
+                                    rank_branch=in_rank_branch(site), units=units,
+                                    pg_seq=None if before is None else before + 1))
                 where = site[0] if site else None
-                rec.last_collective = {"op": op, "n": rec.collective_seq, "site": where}
-                rec.set_activity(f"in {op} #{rec.collective_seq}", where)
+                if group is None:
+                    rec.last_collective = {"op": op, "n": n, "site": where}
+                rec.set_activity(f"in {op} #{n}", where)
+                return n, units, before, group
 
             def traced(*args, **kwargs):
                 if getattr(_depth, "value", 0) or not dist.is_initialized():
                     return original(*args, **kwargs)
+                token = None
                 try:
-                    record(args, kwargs)
+                    token = record(args, kwargs)
                 except Exception as exc:
                     rec.probe_failed(PROBE, exc, target=op)
                 _depth.value = 1
@@ -125,6 +135,10 @@ def install(rec: Recorder) -> None:
                     return original(*args, **kwargs)
                 finally:
                     _depth.value = 0
+                    if token is not None:
+                        with rec.guard(PROBE, op):
+                            n, units, before, group = token
+                            rec.clock.after_call(op, n, units, before, group=group)
                     rec.set_activity("training")
 
             return traced
@@ -134,3 +148,15 @@ def install(rec: Recorder) -> None:
     for op in TRACED:
         for owner in (c10d, dist):
             patch(rec, PROBE, owner, op, make(op))
+
+
+# Calls that issue two collectives (the sizes, then the data), as torch 2.x implements them.
+_TWO_UNITS = frozenset({"all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"})
+
+
+def predicted_units(op: str) -> int:
+    """How many collectives a call will take in the numbering, written before it runs (the
+    analysis counts the real span from the next numbered call)."""
+    if op in _TWO_UNITS:
+        return 2
+    return units_of(op, 1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import inspect
 import time
 import weakref
 from array import array
@@ -27,6 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ddpdoctor.rank import row_hashes as fingerprints
+from ddpdoctor.rank.feeding import Fed, FeedTracker
 from ddpdoctor.rank.probes import data as data_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.recorder import Recorder
@@ -44,8 +46,10 @@ class _Stream:
 
     def __init__(self, rec: Recorder, registry: list, *, source: str, key: str, number: int, site: list,
                  feeds: Optional[str] = None, dataset_type: str = "", iterable: bool = False,
-                 num_workers: int = 0) -> None:
+                 num_workers: int = 0, tracker: Optional[FeedTracker] = None) -> None:
         self.rec, self.registry = rec, registry
+        self.tracker = tracker  # loader passes: what their batches fed (forward windows count their own)
+        self.fed = Fed()
         registry.append(self)
         self.fields = dict(source=source, key=key, number=number, site=site, feeds=feeds, dataset_type=dataset_type,
                            iterable=iterable, num_workers=num_workers, epoch=rec.epoch)
@@ -59,6 +63,8 @@ class _Stream:
         self.head: list[int] = []
         self.tail: collections.deque = collections.deque(maxlen=64)
         self.num_batches = self.num_rows = self.batch_rows = self.part = 0
+        self.digests: list[str] = []  # forward windows: each forward's batch digest not yet written
+        self.first_forward: Optional[int] = None
         self.last_write = time.monotonic()
         self.open = True
 
@@ -86,15 +92,24 @@ class _Stream:
 
     def write(self, *, final: bool = False, complete: bool = False) -> None:
         with self.rec.guard(PROBE, "content pass"):
-            if not self.fresh and not final and self.part:
+            if not self.fresh and not self.digests and not final and self.part:
                 return
+            if self.tracker is not None:
+                self.tracker.flush()
+                steps, forwards = self.fed.steps, self.fed.forwards
+            else:
+                steps = self.rec.num_steps - self.start_steps
+                forwards = ddp_probe.total_synced_forwards() - self.start_forwards
             self.rec.emit(ContentPass(
                 **self.fields, part=self.part, final=final, complete=complete, num_batches=self.num_batches,
                 num_rows=self.num_rows, batch_rows=self.batch_rows, level=self.level,
                 hashes=encode_indices(self.fresh), order=self.order.hexdigest(), head=list(self.head),
-                tail=list(self.tail), steps=self.rec.num_steps - self.start_steps,
-                ddp_forwards=ddp_probe.total_synced_forwards() - self.start_forwards))
+                tail=list(self.tail), steps=steps, ddp_forwards=forwards, first_forward=self.first_forward,
+                digests=self.digests))
             self.fresh = []
+            if self.first_forward is not None:
+                self.first_forward += len(self.digests)  # the next part's first forward
+            self.digests = []
             self.part += 1
             self.last_write = time.monotonic()
 
@@ -102,6 +117,8 @@ class _Stream:
         if not self.open:
             return
         self.open = False
+        if self.tracker is not None:
+            self.tracker.finished(self.fed)
         if self in self.registry:
             self.registry.remove(self)
         if self.num_batches:
@@ -123,6 +140,22 @@ def first_tensor(batch: Any, depth: int = 0) -> Optional[torch.Tensor]:
     return None
 
 
+def epoch_intent(dataset: Any) -> dict:
+    """What a dataset says about reshuffling between epochs, read without running its code
+    (attributes only, no properties): a set_epoch method, its epoch attribute, a shuffle flag."""
+    fields: dict[str, Any] = {"set_epoch_method": callable(getattr(type(dataset), "set_epoch", None))}
+    for name in ("epoch", "_epoch", "current_epoch"):
+        value = inspect.getattr_static(dataset, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            fields["dataset_epoch"] = value
+            break
+    shuffle = inspect.getattr_static(dataset, "shuffle", None)
+    shuffling = inspect.getattr_static(dataset, "_shuffling", None)  # Hugging Face datasets' IterableDataset
+    if isinstance(shuffle, bool) or shuffling is not None:
+        fields["declares_shuffle"] = bool(shuffle) or shuffling is not None
+    return fields
+
+
 class _ContentProbe:
     """Listens to the data probe's loader passes and to DDP modules' forwards."""
 
@@ -136,6 +169,8 @@ class _ContentProbe:
         self.windows: dict[int, _Stream] = {}  # DDP module index -> its open window
         self.feeding: Optional[_Stream] = None  # the loader pass that yielded last, while open
         self.last: tuple[Any, int, list[int]] = (None, -1, [])  # (weakref to tensor, its version, hashes)
+        self.tracker = FeedTracker(ddp_probe.total_synced_forwards, lambda: rec.num_steps)
+        self.forward_counts: dict[int, int] = {}  # DDP module index -> training forwards fingerprinted
 
     def hashes(self, tensor: Any) -> Optional[list[int]]:
         """Row hashes of ``tensor``, reused when the same unmodified tensor was just fingerprinted."""
@@ -151,20 +186,26 @@ class _ContentProbe:
     # -- DataLoader passes (called by the data probe) -------------------------------------------
     def started(self, iterator: Any, loader: Any) -> None:
         key, site = data_probe.loader_key(loader)
-        for other in [s for s in self.streams if s.fields["source"] == "loader" and s.key == key]:
-            other.finish(complete=False)
         number = self.pass_counts.get(key, 0)
         self.pass_counts[key] = number + 1
-        iterator.__dict__["_ddpdoctor_content"] = _Stream(
-            self.rec, self.streams, source="loader", key=key, number=number, site=site,
-            dataset_type=type(data_probe._base_dataset(loader.dataset)).__name__,
-            iterable=getattr(loader, "_dataset_kind", 0) != 0, num_workers=loader.num_workers)
+        stream = _Stream(self.rec, self.streams, source="loader", key=key, number=number, site=site,
+                         dataset_type=type(data_probe._base_dataset(loader.dataset)).__name__,
+                         iterable=getattr(loader, "_dataset_kind", 0) != 0, num_workers=loader.num_workers,
+                         tracker=self.tracker)
+        stream.fields.update(epoch_intent(loader.dataset))
+        iterator.__dict__["_ddpdoctor_content"] = stream
+        weakref.finalize(iterator, self._gone, stream)  # a loop left with `break`: the pass ends with its iterator
+
+    def _gone(self, stream: _Stream) -> None:
+        with self.rec.guard(PROBE, "content pass"):
+            stream.finish(complete=False)
 
     def yielded(self, iterator: Any, batch: Any) -> None:
         stream = iterator.__dict__.get("_ddpdoctor_content")
         if stream is None or not stream.open:
             return
         self.feeding = stream
+        self.tracker.yielded(stream.fed)
         hashes = self.hashes(first_tensor(batch))
         if hashes:
             stream.add(hashes)
@@ -183,14 +224,19 @@ class _ContentProbe:
                 tensor = first_tensor(list(args) + list(kwargs.values()))
                 hashes = self.hashes(tensor)
                 if hashes:
-                    self.window(state.index).add(hashes)
+                    number = self.forward_counts.get(state.index, 0) + 1
+                    self.forward_counts[state.index] = number
+                    window = self.window(state.index, number, state.last_forward_site)
+                    window.digests.append(hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest())
+                    window.add(hashes)
 
         with self.rec.guard(PROBE, "DistributedDataParallel"):
             ddp.register_forward_pre_hook(on_forward, with_kwargs=True)
 
-    def window(self, index: int) -> _Stream:
-        """The open window of DDP module ``index``; a new one after FORWARD_WINDOW forwards or when
-        another loader pass (or none) feeds the model."""
+    def window(self, index: int, forward: int, site: list) -> _Stream:
+        """The open window of DDP module ``index``; a new one (starting at training forward
+        ``forward``, called from ``site``) after FORWARD_WINDOW forwards or when another loader pass
+        (or none) feeds the model."""
         feeding = self.feeding if self.feeding is not None and self.feeding.open else None
         feeds = f"{feeding.key}#{feeding.fields['number']}" if feeding is not None else None
         current = self.windows.get(index)
@@ -200,10 +246,13 @@ class _ContentProbe:
             current.finish(complete=True)
         number = self.window_counts.get((index, feeds), 0)
         self.window_counts[(index, feeds)] = number + 1
-        self.windows[index] = _Stream(self.rec, self.streams, source="forward", key=f"ddp{index}", number=number,
-                                      site=[], feeds=feeds, dataset_type=feeding.fields["dataset_type"] if feeding
-                                      else "", iterable=bool(feeding and feeding.fields["iterable"]))
-        return self.windows[index]
+        window = _Stream(self.rec, self.streams, source="forward", key=f"ddp{index}", number=number,
+                         site=list(site or []), feeds=feeds,
+                         dataset_type=feeding.fields["dataset_type"] if feeding else "",
+                         iterable=bool(feeding and feeding.fields["iterable"]))
+        window.first_forward = forward
+        self.windows[index] = window
+        return window
 
     def finish_all(self) -> None:
         for stream in list(self.streams):

@@ -2,7 +2,11 @@
 
 Indices are taken where the loader's main process draws them from the (batch) sampler, so the
 probe sees the same thing with num_workers > 0 and with custom batch samplers. A pass ends when the
-iterator is exhausted, when the same loader starts a new pass, or when the process ends.
+iterator is exhausted, when the iterator is gone (a loop left with `break`, a batch taken with
+`next(iter(loader))`), when persistent workers start the next pass, or when the process ends. Several
+passes over one loader may be open at once (an evaluation on the training loader inside the
+training loop). What a pass fed (DDP training forwards, optimizer steps) is counted by
+:mod:`ddpdoctor.rank.feeding`.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ddpdoctor.rank import bounds, callsite
+from ddpdoctor.rank.feeding import Fed, FeedTracker
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
@@ -50,9 +55,11 @@ class _Pass:
     """One pass of this rank over one loader, written in parts as it goes."""
 
     def __init__(self, rec: Recorder, loader: DataLoader, key: str, number: int, site: list,
-                 registry: list) -> None:
+                 registry: list, tracker: FeedTracker) -> None:
         self.rec = rec
         self.registry = registry
+        self.tracker = tracker
+        self.fed = Fed()
         registry.append(self)
         self.key = key
         self.number = number
@@ -62,8 +69,6 @@ class _Pass:
         self.num_unwritten = 0  # of those, batches not yet written
         self.part = 0
         self.last_write = time.monotonic()
-        self.start_steps = rec.num_steps
-        self.start_ddp_forwards = ddp_probe.total_synced_forwards()
         self.open = True
         self.opaque = False  # the sampler yields keys other than integer positions
         self.order = hashlib.blake2b(digest_size=8)
@@ -82,6 +87,7 @@ class _Pass:
             "dataset_type": type(base).__name__,
             "subset": base is not loader.dataset,
             "domain": _domain_digest(loader),
+            "skipped_batches": _skipped_batches(loader),
         }
         self.keep = min(1024, max(HEAD_TAIL, 2 * (loader.batch_size or 1)))
         self.tail: collections.deque = collections.deque(maxlen=self.keep)
@@ -91,6 +97,7 @@ class _Pass:
         once a second, so a killed rank loses little."""
         self.num_yielded += 1
         self.num_unwritten += 1
+        self.tracker.yielded(self.fed)
         if self.num_yielded <= EVERY_BATCH or time.monotonic() - self.last_write >= PART_INTERVAL_S:
             self.write()
 
@@ -99,6 +106,7 @@ class _Pass:
             return
         self.open = False
         with self.rec.guard(PROBE, "loader pass"):
+            self.tracker.finished(self.fed)
             if self in self.registry:
                 self.registry.remove(self)
         self.write(final=True, complete=complete)
@@ -111,6 +119,7 @@ class _Pass:
             if not fresh and not final and self.part:
                 return
             del self.drawn[: self.num_unwritten]
+            self.tracker.flush()
             self.num_unwritten = 0
             flat = None if self.opaque else _flatten(fresh)
             if flat is None:
@@ -127,9 +136,7 @@ class _Pass:
                 indices=None if flat is None else encode_indices(flat),
                 order=None if self.opaque else self.order.hexdigest(),
                 head=[] if self.opaque else list(self.head), tail=[] if self.opaque else list(self.tail),
-                steps=self.rec.num_steps - self.start_steps,
-                ddp_forwards=ddp_probe.total_synced_forwards() - self.start_ddp_forwards,
-                sampler=self.sampler_info, site=self.site, **self.loader_info))
+                steps=self.fed.steps, ddp_forwards=self.fed.forwards, sampler=self.sampler_info, site=self.site, **self.loader_info))
             self.part += 1
             self.last_write = time.monotonic()
 
@@ -193,6 +200,13 @@ def _domain_digest(loader: DataLoader) -> Optional[str]:
     return cached
 
 
+def _skipped_batches(loader: DataLoader) -> int:
+    """Batches a resuming batch sampler skips without drawing them (Accelerate's SkipBatchSampler,
+    which `skip_first_batches` and the Hugging Face Trainer use to resume mid-epoch)."""
+    skip = getattr(loader.batch_sampler, "skip_batches", 0)
+    return skip if isinstance(skip, int) and not isinstance(skip, bool) and skip > 0 else 0
+
+
 def _safe_len(obj: Any) -> Optional[int]:
     try:
         return len(obj)
@@ -221,10 +235,20 @@ def install(rec: Recorder) -> Callable[[], None]:
     """Patch the DataLoader iterator; returns a function that closes passes still open at exit."""
     open_passes: list[_Pass] = []
     pass_counts: dict[str, int] = {}
-    training_passes: dict[str, int] = {}  # per loader: passes that fed training, for --max-epochs
+    training_passes: dict[str, int] = {}  # per loader: finished passes that fed training, for --max-epochs
+    tracker = FeedTracker(ddp_probe.total_synced_forwards, lambda: rec.num_steps)
 
-    def fed_training(p: _Pass) -> bool:
-        return rec.num_steps > p.start_steps or ddp_probe.total_synced_forwards() > p.start_ddp_forwards
+    def finish(p: _Pass, *, complete: bool) -> None:
+        if not p.open:
+            return
+        p.finish(complete=complete)
+        if p.fed.forwards or p.fed.steps:
+            training_passes[p.key] = training_passes.get(p.key, 0) + 1
+
+    def iterator_gone(p: _Pass) -> None:
+        """The pass's iterator was garbage-collected: a loop left with `break`, a `next(iter(loader))`."""
+        with rec.guard(PROBE, "loader pass"):
+            finish(p, complete=False)
 
     def start_pass(iterator: _BaseDataLoaderIter, loader: DataLoader) -> None:
         if getattr(loader, "_dataset_kind", 0) != 0:  # iterable datasets have no indices
@@ -232,15 +256,14 @@ def install(rec: Recorder) -> Callable[[], None]:
         site = loader.__dict__.get("_ddpdoctor_site") or []
         # Keyed by where the loader was built, so a loader re-created every epoch is one loader.
         key = f"{site[0]['file']}:{site[0]['line']}" if site else "loader"
-        for other in [p for p in open_passes if p.key == key]:
-            if fed_training(other):
-                training_passes[key] = training_passes.get(key, 0) + 1
-            other.finish(complete=False)  # a new pass over the same loader ends the old one
         if training_passes.get(key):
+            rec.passes = max(rec.passes, training_passes[key])  # the live view's epoch without set_epoch
             bounds.before_pass(rec, training_passes[key])  # --max-epochs: raises RunCut at this boundary
         number = pass_counts.get(key, 0)
         pass_counts[key] = number + 1
-        iterator.__dict__["_ddpdoctor_pass"] = _Pass(rec, loader, key, number, site, open_passes)
+        current = _Pass(rec, loader, key, number, site, open_passes, tracker)
+        iterator.__dict__["_ddpdoctor_pass"] = current
+        weakref.finalize(iterator, iterator_gone, current)
         rec.set_activity("iterating data")
 
     def wrap_iter_init(original):
@@ -258,7 +281,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                 return original(self, loader, first_iter)
             previous = self.__dict__.get("_ddpdoctor_pass")
             if previous is not None:  # persistent workers: the same iterator starts a new pass
-                previous.finish(complete=False)
+                finish(previous, complete=False)
             _notify(rec, "ended", self, False)
             original(self, loader, first_iter)
             with rec.guard(PROBE, "DataLoader iterator"):
@@ -279,16 +302,16 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def wrap_next(original):
         def __next__(self):
+            started = time.perf_counter()
             try:
                 batch = original(self)
             except StopIteration:
                 current = self.__dict__.get("_ddpdoctor_pass")
                 if current is not None and current.open:
-                    if fed_training(current):
-                        training_passes[current.key] = training_passes.get(current.key, 0) + 1
-                    current.finish(complete=True)
+                    finish(current, complete=True)
                 _notify(rec, "ended", self, True)
                 raise
+            rec.timing.data_wait_s += time.perf_counter() - started
             current = self.__dict__.get("_ddpdoctor_pass")
             if current is not None and current.open:
                 current.yielded()
@@ -314,7 +337,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def finish_open_passes() -> None:
         for p in list(open_passes):
-            p.finish(complete=False)
+            finish(p, complete=False)
 
     def write_open_passes() -> None:
         for p in list(open_passes):

@@ -10,13 +10,16 @@ its own backward passes.
 from __future__ import annotations
 
 import functools
+import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpdoctor.rank import callsite
+from ddpdoctor.rank import callsite, frameworks
+from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
@@ -44,6 +47,9 @@ class DDPState:
     unused_counts: dict[int, int] = field(default_factory=dict)
     last_emitted_unused: Optional[frozenset] = None
     usage_dirty: bool = False
+    last_forward_site: list = field(default_factory=list)  # the user's line of the last DDP forward
+    expected_grads: int = 0  # parameters that got a gradient in the last closed iteration (0: all)
+    arrived: int = 0  # gradients that arrived since the last training forward
 
     def forward_counts(self) -> tuple[int, int, int]:
         return self.synced_forwards, self.unsynced_forwards, self.inner_forwards
@@ -57,6 +63,7 @@ class DDPState:
         if not self.fired:  # no backward ran: DDP does not mind either
             return
         unused = frozenset(range(len(self.names))) - self.fired
+        self.expected_grads = len(self.fired)
         self.fired.clear()  # cleared in place: the gradient hooks hold this very set
         self.iterations += 1
         for i in unused:
@@ -67,7 +74,9 @@ class DDPState:
             self.last_emitted_unused = unused
 
     def emit_usage(self, rec: Recorder, *, last_unused: list[int] = (), final: bool = False) -> None:
-        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, last_unused=list(last_unused), final=final,
+        backwards = self.iterations + (1 if self.iteration_open and self.fired else 0)
+        rec.emit(DDPUsage(ddp=self.index, iterations=self.iterations, backwards=backwards,
+                          last_unused=list(last_unused), final=final,
                           unused={str(i): c for i, c in sorted(self.unused_counts.items())}))
         self.usage_dirty = False
 
@@ -88,7 +97,13 @@ def total_synced_forwards() -> int:
 def install(rec: Recorder) -> Callable[[], None]:
     def wrap_init(original):
         def __init__(self, module, *args, **kwargs):
-            original(self, module, *args, **kwargs)
+            with rec.guard(PROBE, "DistributedDataParallel.__init__"):  # its broadcasts are DDP's own collectives
+                rec.clock.enter(Phase("ddp-init", ddp=len(STATES), site=callsite.caller_site(3)))
+            try:
+                original(self, module, *args, **kwargs)
+            finally:
+                with rec.guard(PROBE, "DistributedDataParallel.__init__"):
+                    rec.clock.enter(Phase())
             with rec.guard(PROBE, "DistributedDataParallel.__init__"):
                 _attach(rec, self)
 
@@ -100,7 +115,8 @@ def install(rec: Recorder) -> Callable[[], None]:
         for state in STATES:
             if final:
                 state.close_iteration(rec)
-            if state.iterations and (state.usage_dirty or final):
+            running = state.iteration_open and bool(state.fired)  # a backward under way (a hang in it)
+            if (state.iterations or running) and (state.usage_dirty or final or running):
                 state.emit_usage(rec, final=final)
 
     rec.on_dump.append(lambda: flush(final=False))
@@ -108,6 +124,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
 
 def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
+    framework, framework_version = frameworks.framework_of(sys._getframe(1))
     named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
     named_buffers = list(ddp.module.named_buffers())
     state = DDPState(index=len(STATES), names=[n for n, _ in named], buffer_names=[n for n, _ in named_buffers],
@@ -116,12 +133,21 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
     for i, (name, p) in enumerate(named):
         PARAM_NAMES[id(p)] = name if state.index == 0 else f"ddp{state.index}:{name}"
         PARAM_DDP[id(p)] = state.index
-        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state.fired, i))
+        p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state, i))
 
     def on_ddp_forward(module, inputs):
         rec.progress += 1
-        if not torch.is_grad_enabled():  # evaluation forwards never reduce gradients
+        grad = torch.is_grad_enabled()
+        with rec.guard(PROBE, "forward"):  # what DDP's forward broadcasts is booked to this line
+            state.last_forward_site = callsite.caller_site(1)
+            rec.clock.enter(Phase("ddp-forward", ddp=state.index, grad=grad and module.require_backward_grad_sync,
+                                  training=module.training, site=state.last_forward_site))
+        if not grad:  # evaluation forwards never reduce gradients
             return
+        if rec.timing.forward is None:
+            rec.timing.forward = time.time()
+        rec.gradients_complete = False
+        state.arrived = 0
         with rec.guard(PROBE, "forward"):
             state.close_iteration(rec)
             if module.require_backward_grad_sync:
@@ -142,7 +168,12 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
                 rec.emit(BufferFingerprint(ddp=state.index, forward=state.buffer_forwards,
                                            fp=fingerprint(state.buffers)))
 
+    def on_ddp_forward_done(module, inputs, output):
+        with rec.guard(PROBE, "forward"):
+            rec.clock.enter(Phase())
+
     ddp.register_forward_pre_hook(on_ddp_forward)
+    ddp.register_forward_hook(on_ddp_forward_done)
     for listener in ATTACH_LISTENERS:
         listener(ddp, state)
     ddp.module.register_forward_pre_hook(on_inner_forward)
@@ -152,9 +183,30 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         static_graph=bool(getattr(ddp, "static_graph", False)),
         broadcast_buffers=bool(getattr(ddp, "broadcast_buffers", True)),
         sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
-        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3)))
+        device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3),
+        framework=framework, framework_version=framework_version))
 
 
-def _grad_arrived(rec: Recorder, fired: set, index: int, param: torch.Tensor) -> None:
-    fired.add(index)
+def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
+    if not state.fired and rec.clock.phase.name != "ddp-backward":
+        # The first gradient of a backward: DDP's bucket all-reduces now belong to it. No clock read
+        # here: this may be an autograd thread; the next observation on the main thread books them.
+        rec.clock.phase = Phase("ddp-backward", ddp=state.index, site=_backward_site(state))
+    state.fired.add(index)
     rec.progress += 1
+    state.arrived += 1
+    timing = rec.timing
+    if timing.backward is None:
+        timing.backward = time.time()
+    if state.arrived == (state.expected_grads or len(state.names)):
+        # Every parameter that got a gradient last iteration has one again: the rest of a synchronized
+        # backward is DDP's gradient all-reduce (the live view says so instead of "computing").
+        timing.backward_end = time.time()
+        rec.gradients_complete = state.iteration_open
+
+
+def _backward_site(state: DDPState) -> list:
+    """The user's ``loss.backward()`` line: the innermost user frame when gradients arrive on the
+    main thread (CPU); the last forward's line when autograd runs on its own threads (GPU)."""
+    site = callsite.caller_site(1)
+    return site or state.last_forward_site or []

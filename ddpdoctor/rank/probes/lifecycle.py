@@ -24,7 +24,9 @@ def install(rec: Recorder) -> None:
             with rec.guard(PROBE, "init_process_group"):
                 rec.rank = dist.get_rank()
                 rec.world_size = dist.get_world_size()
+                rec.clock.attach(c10d._get_default_group())
                 rec.emit(InitProcessGroup(backend=str(dist.get_backend()), world_size=rec.world_size,
+                                          numbering=rec.clock.numbering,
                                           local_rank=rec.local_rank, node_rank=rec.node_rank, host=rec.host,
                                           pid=rec.pid, site=callsite.caller_site()))
             return result
@@ -36,10 +38,13 @@ def install(rec: Recorder) -> None:
             if not args and kwargs.get("group") is None:
                 with rec.guard(PROBE, "destroy_process_group"):
                     rec.emit(DestroyProcessGroup(site=callsite.caller_site()))
+                    rec.clock.detach()
             return original(*args, **kwargs)
 
         return destroy_process_group
 
+    # A hung rank books what it issued (the gradient all-reduce it waits in) before its stack is read.
+    rec.on_dump.insert(0, rec.clock.sync)
     for owner in (dist, c10d):
         patch(rec, PROBE, owner, "init_process_group", wrap_init)
         patch(rec, PROBE, owner, "destroy_process_group", wrap_destroy)

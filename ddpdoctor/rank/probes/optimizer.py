@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 import weakref
 from typing import Callable, Optional
 
@@ -24,8 +25,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpdoctor.rank import bounds, callsite
 from ddpdoctor.rank import fingerprint as fingerprints
+from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import ddp as ddp_probe
-from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.recorder import Recorder, StepTiming
 from ddpdoctor.schema.events import OptimizerInfo, Step
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
@@ -89,6 +91,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         if state is None:
             state = states[optimizer] = _new_state(rec, len(states), optimizer)
         state.num_steps += 1
+        rec.timing.optimizer = time.time()
         rec.set_activity("optimizer.step")
         state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
         state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
@@ -105,7 +108,8 @@ def install(rec: Recorder) -> Callable[[], None]:
             return
         rec.num_steps += 1
         step = Step(opt=state.index, n=state.num_steps, forwards=state.forwards_since_last_step(),
-                    closure=state.closure)
+                    closure=state.closure, timing=rec.timing.encode(time.time()))
+        rec.timing = StepTiming()
         if state.sampled:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 params = _params_of(optimizer)
@@ -119,6 +123,7 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     def pre_hook(optimizer, args, kwargs):
         with rec.guard(PROBE, "step"):
+            rec.clock.enter(Phase())  # the backward's all-reduces are booked to it; the step is not DDP's
             before_step(optimizer, args, kwargs)
 
     def post_hook(optimizer, args, kwargs):
@@ -153,7 +158,9 @@ def _new_state(rec: Recorder, index: int, optimizer: torch.optim.Optimizer) -> _
 def _names_from_live_modules(wanted: set[int]) -> dict[int, str]:
     best: dict[int, tuple[int, str]] = {}
     for obj in gc.get_objects():
-        if not isinstance(obj, torch.nn.Module):
+        # type(), not isinstance(): isinstance reads obj.__class__ on a mismatch, and some objects warn
+        # on any attribute access (torch.distributed.reduce_op's FutureWarning in the script's output).
+        if not issubclass(type(obj), torch.nn.Module):
             continue
         named = list(obj.named_parameters())
         for name, p in named:

@@ -1,0 +1,421 @@
+"""A job that already hung or failed, from the files PyTorch and torchrun left: the same evidence a
+live ``ddpdoctor check`` gathers, so the same checks diagnose it.
+
+Inputs (folders, globs or files, sorted out by their content): per-rank flight recorder dumps
+(:mod:`ddpdoctor.analysis.flightrecorder`), torchrun's error files and failure table, and rank logs
+(:mod:`ddpdoctor.analysis.elastic`). Each dump becomes its rank's events (:mod:`fr_convert`); the
+state the dumps were taken in becomes the monitor's :class:`StopSnapshot`:
+
+- a rank with a collective enqueued and not completed *waits* in it (its stack: the collective's);
+- a rank whose collectives all completed is *computing*: not inside a collective, in its own code
+  after its last one (a dump holds no stack of the moment it was taken);
+- the job is *hung* when every rank that left a dump waits, *not progressing* when some wait while
+  others are elsewhere (the live monitor's policy, so both report the same), and not stopped at
+  all when nothing was pending;
+- unless a rank failed on its own (an exception that is not a peer's symptom, or a signal to a
+  rank that was not waiting): then that failure is the cause and the waiting ranks its victims.
+"""
+
+from __future__ import annotations
+
+import gc
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Optional
+
+from ddpdoctor.analysis import elastic
+from ddpdoctor.analysis.evidence import Evidence, RankEvidence
+from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
+from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
+from ddpdoctor.analysis.fr_pack import Packer, Unpacker
+from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
+from ddpdoctor.schema.observations import Heartbeat, Observations, RankState, StopSnapshot
+
+__all__ = ["Inputs", "PostMortem", "discover", "load", "PROBE"]
+
+PROBE = "flight-recorder"  # what the report names when a dump could not show something
+Classify = Callable[[list, Optional[Heartbeat]], tuple[str, Optional[str]]]
+_LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
+_TEXT_TAIL = 4 << 20  # a log's last 4 MiB hold its traceback and torchrun's failure table
+
+
+@dataclass
+class Inputs:
+    """The files given, sorted by what they are."""
+
+    dumps: list[str] = field(default_factory=list)
+    error_files: list[str] = field(default_factory=list)
+    logs: list[str] = field(default_factory=list)
+    ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+
+
+@dataclass
+class PostMortem:
+    """The evidence, and what the report should say about the inputs themselves."""
+
+    evidence: Evidence
+    inputs: Inputs
+    notes: list[str] = field(default_factory=list)
+    torchrun_root_cause: Optional[int] = None  # the rank torchrun called the first observed failure
+    formats: list[str] = field(default_factory=list)
+
+
+def discover(paths: list[str]) -> Inputs:
+    """Sort the paths given (folders walked, globs expanded) into dumps, error files and logs.
+    A path that does not exist is a ValueError."""
+    inputs = Inputs()
+    seen: set[str] = set()
+    for given in paths:
+        if os.path.isdir(given):
+            for root, dirs, files in os.walk(given):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(f for f in files if not f.startswith(".")):  # hidden: not a job's output
+                    _sort(os.path.join(root, name), inputs, seen, explicit=False)
+            continue
+        matches = sorted(glob.glob(given)) if glob.has_magic(given) else [given]
+        if not matches or not all(os.path.exists(m) for m in matches):
+            raise ValueError(f"no such file or folder: {given}")
+        for path in matches:
+            if os.path.isdir(path):
+                inputs_from_dir = discover([path])
+                for kind in ("dumps", "error_files", "logs", "ignored"):
+                    getattr(inputs, kind).extend(x for x in getattr(inputs_from_dir, kind) if x not in getattr(inputs, kind))
+            else:
+                _sort(path, inputs, seen, explicit=True)
+    return inputs
+
+
+def _sort(path: str, inputs: Inputs, seen: set[str], *, explicit: bool) -> None:
+    real = os.path.realpath(path)
+    if real in seen:
+        return
+    seen.add(real)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        inputs.ignored.append((path, f"unreadable ({exc.strerror})"))
+        return
+    if head[:1] == b"\x80":
+        inputs.dumps.append(path)
+    elif head.lstrip()[:1] == b"{":
+        data = elastic.load_json(path)
+        if isinstance(data, dict) and isinstance(data.get("entries"), list):
+            inputs.dumps.append(path)
+        elif elastic.looks_like_error_file(data):
+            inputs.error_files.append(path)
+        elif not _ours(path):
+            inputs.ignored.append((path, "JSON that is neither a flight recorder dump nor a torchrun error file"))
+    elif b"\0" in head:
+        if not _ours(path):
+            inputs.ignored.append((path, "a binary file that is not a flight recorder dump"))
+    elif explicit or path.endswith(_LOG_SUFFIXES):
+        inputs.logs.append(path)
+    elif not _ours(path):
+        inputs.ignored.append((path, "text without a .log/.out/.err/.txt name (name it on the command line to read it)"))
+
+
+def _ours(path: str) -> bool:
+    """ddpdoctor's own evidence files in a --keep-evidence folder: not for this reader."""
+    name = os.path.basename(path)
+    return name.startswith(("events-", "hb-", "stack-", "agent-", "dump-request"))
+
+
+def _read_text_tail(path: str) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - _TEXT_TAIL))
+        return f.read().decode("utf-8", errors="replace")
+
+
+MapChunks = Callable[[Callable[[list], tuple], list], Iterable[tuple]]  # map(function, chunks), maybe in processes
+CHUNK = 16  # dumps per task when converting in several processes
+PARALLEL_FROM = 64  # fewer dumps convert faster here than a pool of processes starts
+
+
+def convert_chunk(paths: list[str]) -> tuple:
+    """Read and convert some dumps, for another process: (the packer's tables, one result per path),
+    the events packed (:class:`Packer`)."""
+    group_ranks: dict[str, list] = {}
+    interner = Interner()
+    packer = Packer()
+    gc.disable()  # millions of short-lived containers: the cyclic collector only slows reading them
+    try:
+        out = []
+        for path in paths:
+            result = _convert_path(path, group_ranks, interner)
+            out.append(result if result[0] == "bad" else (*result[:5], packer.pack(result[5], group_ranks)))
+        return packer.tables, out
+    finally:
+        gc.enable()
+
+
+def _convert_path(path: str, group_ranks: dict[str, list], interner: Interner) -> tuple:
+    """("ok", rank, (path, mtime, format, version), world size per pg_config, {group: ranks}, converted)
+    or ("bad", path, why, the rank its name says)."""
+    try:
+        dump = read_dump(path)
+    except NotADump as exc:
+        return ("bad", path, str(exc).split(": ", 1)[-1], rank_from_name(path))
+    groups: dict[str, list] = {}
+    _record_group_ranks(dump, groups)
+    _merge_groups(group_ranks, groups)
+    converted = convert_dump(dump, group_ranks=group_ranks, interner=interner)
+    return ("ok", dump.rank, (path, dump.mtime, dump.format, dump.version), _world_from_config(dump), groups,
+            converted)
+
+
+def _merge_groups(group_ranks: dict[str, list], found: dict[str, list]) -> None:
+    for name, ranks in found.items():
+        shared = group_ranks.setdefault(name, [])
+        if ranks and not shared:
+            shared.extend(ranks)
+
+
+def _converted_dumps(paths: list[str], group_ranks: dict[str, list], interner: Interner,
+                     map_chunks: Optional[MapChunks]) -> Iterator[tuple]:
+    if map_chunks is None or len(paths) < PARALLEL_FROM:
+        for path in paths:
+            yield _convert_path(path, group_ranks, interner)
+        return
+    for tables, results in map_chunks(convert_chunk, [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]):
+        unpacker = Unpacker(tables, interner)
+        for result in results:
+            if result[0] == "ok":
+                _merge_groups(group_ranks, result[4])
+                result = (*result[:5], unpacker.unpack(result[5], group_ranks=group_ranks))
+            yield result
+
+
+def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = None,
+         map_chunks: Optional[MapChunks] = None) -> PostMortem:
+    """The evidence in ``paths``. ``classify``: the live monitor's stack classifier
+    (``ddpdoctor.supervisor.hang.classify``), so a rank is "waiting" by the same rule; ``map_chunks``:
+    how to convert many dumps at once (the caller's process pool), None for one by one here."""
+    inputs = discover(paths)
+    if not inputs.dumps and not inputs.error_files and not inputs.logs:
+        raise ValueError("found no flight recorder dump, torchrun error file or log in " + ", ".join(paths))
+    interner = Interner()
+    group_ranks: dict[str, list] = {}
+    converted: dict[int, ConvertedRank] = {}
+    dumps_meta: dict[int, tuple[str, float, str, str]] = {}  # rank -> (path, mtime, format, version)
+    world_ranks = 0
+    notes: list[str] = []
+    unreadable: set[Optional[int]] = set()
+    for result in _converted_dumps(inputs.dumps, group_ranks, interner, map_chunks):
+        if result[0] == "bad":
+            _, path, why, rank = result
+            inputs.ignored.append((path, why))
+            unreadable.add(rank)  # a dump cut short still names its rank
+            continue
+        _, rank, meta, world, _, conv = result
+        if rank in converted:
+            raise ValueError(f"two dumps for rank {rank}: {dumps_meta[rank][0]} and {meta[0]}")
+        world_ranks = max(world_ranks, world)
+        converted[rank] = conv
+        dumps_meta[rank] = meta
+    for name, ranks in group_ranks.items():  # gloo records no members: the ranks that used the group
+        if not ranks:
+            ranks.extend(sorted(r for r, c in converted.items() if name in c.groups))
+            if ranks:
+                notes.append(f"process group {name}: gloo does not record its members; ranks "
+                             f"{', '.join(map(str, ranks))} used it")
+
+    table = elastic.FailureTable()
+    logs: dict[int, elastic.RankLog] = {}
+    for path in inputs.logs:
+        text = _read_text_tail(path)
+        if elastic.looks_like_failure_table(text):
+            found = elastic.parse_failure_table(text)
+            table.failures.extend(f for f in found.failures if f.rank not in {x.rank for x in table.failures})
+            table.error_files.update(found.error_files)
+            table.root_cause = found.root_cause if table.root_cause is None else table.root_cause
+        for rank, log in elastic.read_log(path, text).items():
+            logs.setdefault(rank, log)
+    errors: dict[int, elastic.ErrorFile] = {}
+    for path in inputs.error_files:
+        data = elastic.load_json(path)
+        error = elastic.read_error_file(path, data)  # type: ignore[arg-type]
+        rank = table.error_files.get(os.path.normpath(path), error.rank)
+        if rank is None:
+            inputs.ignored.append((path, "an error file whose rank neither its path nor torchrun's failure table says"))
+            continue
+        errors.setdefault(rank, error)
+
+    failed_logs = {r for r, log in logs.items() if log.exception is not None}  # other logs only lend their tails
+    if not converted and not errors and not table.failures and not failed_logs:
+        raise ValueError("found no flight recorder dump, torchrun error file, failure table or traceback in "
+                         + ", ".join(paths) + (f" (skipped: {', '.join(p for p, _ in inputs.ignored)})"
+                                               if inputs.ignored else ""))
+    known = set(converted) | set(errors) | {f.rank for f in table.failures} | failed_logs | (unreadable - {None})
+    size = max([world_size or 0, world_ranks, max(known, default=-1) + 1])
+    missing = sorted(set(range(size)) - set(converted)) if converted else []
+    evidence = _evidence(converted, dumps_meta, errors, {r: logs[r] for r in failed_logs}, size)
+    script = _script(converted) or os.path.abspath(paths[0])  # no stack (JSON dumps): name what was read
+    pending = {r: c.pending for r, c in converted.items() if c.pending is not None}
+    waiting_ranks = set(pending)
+    failures = [f for f in table.failures if f.rank not in waiting_ranks]  # a waiting rank's death is a symptom
+    observations = Observations(outcome="failed" if (errors or table.failures) else "completed", world_size=size,
+                                launch_mode="post-mortem", failures=failures, missing_ranks=missing,
+                                output_tails={r: log.lines for r, log in logs.items()})
+    evidence.observations = observations
+    evidence.script = script
+    if missing:  # what those ranks did is unknown: the checks say they are incomplete, never a silent pass
+        evidence.unranked.append(ProbeError(probe=f"{PROBE}-missing", error=(
+            f"no dump from {_ranks_text(missing)}: what "
+            f"{'they' if len(missing) > 1 else 'it'} did is unknown (killed before dumping, or the dump was not "
+            "collected)")))
+    cause = evidence.facts.first_failure
+    stop = None if cause is not None else _snapshot(converted, dumps_meta, missing, classify)
+    if stop is not None:
+        observations.stop = stop
+        observations.outcome = "hung"
+        evidence = Evidence(ranks=evidence.ranks, unranked=evidence.unranked, observations=observations,
+                            script=script)  # facts anew
+    notes.extend(_notes(converted, dumps_meta, missing, evidence))
+    return PostMortem(evidence=evidence, inputs=inputs, notes=notes, torchrun_root_cause=table.root_cause,
+                      formats=sorted({meta[2] for meta in dumps_meta.values()}))
+
+
+def _world_from_config(dump: Dump) -> int:
+    """The world size where the dump recorded the default group's members (NCCL does)."""
+    for name, config in dump.pg_config.items():
+        if str(name) == WORLD_PG or (isinstance(config, dict) and config.get("desc") == "default_pg"):
+            return len(_ranks_list(config.get("ranks")))
+    return 0
+
+
+def _record_group_ranks(dump: Dump, group_ranks: dict[str, list]) -> None:
+    for name, config in dump.pg_config.items():
+        if str(name) in ("", WORLD_PG) or not isinstance(config, dict):
+            continue
+        ranks = _ranks_list(config.get("ranks"))
+        shared = group_ranks.setdefault(str(name), [])
+        if ranks and not shared:
+            shared.extend(ranks)
+
+
+def _ranks_list(value) -> list[int]:
+    if isinstance(value, str):
+        value = value.strip("[] ").split(",") if value.strip("[] ") else []
+    try:
+        return [int(v) for v in value or []]
+    except (TypeError, ValueError):
+        return []
+
+
+def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int, elastic.ErrorFile],
+              logs: dict[int, elastic.RankLog], world_size: int) -> Evidence:
+    evidence = Evidence()
+    for rank in sorted(set(converted) | set(errors) | set(logs)):
+        conv = converted.get(rank)
+        exception = errors[rank].event if rank in errors else (logs[rank].exception if rank in logs else None)
+        # The first thing known of the rank: its oldest recorded collective, else its error.
+        first_t = next((e.t for e in conv.events), meta[rank][1]) if conv is not None else \
+            (exception.t if exception is not None else 0.0)
+        events: list[Event] = [ProcessStart(t=first_t, rank=rank, world_size=world_size)]
+        if conv is not None:
+            events.append(InitProcessGroup(t=first_t, rank=rank, backend=conv.backend, world_size=world_size,
+                                           numbering="pg"))
+            events.extend(conv.events)
+            if conv.cut_off:
+                events.append(ProbeError(t=first_t, rank=rank, probe=PROBE, error=(
+                    "the ring buffer was full: its oldest collectives were overwritten, so the first ones are "
+                    "compared on no rank (raise TORCH_FR_BUFFER_SIZE to keep more)")))
+        if exception is not None:
+            exception.rank = rank
+            if conv is not None and conv.last is not None:
+                exception.seq = conv.last["n"]
+            events.append(exception)
+        for event in events:
+            event.rank = rank
+        evidence.ranks[rank] = RankEvidence(rank=rank, events=events)
+    return evidence
+
+
+def _script(converted: dict[int, ConvertedRank]) -> Optional[str]:
+    """The script the ranks ran: the outermost of the user's frames in a recorded stack."""
+    for conv in converted.values():
+        record = conv.last or {}
+        for frame in reversed(record.get("frames") or []):
+            path = frame.get("filename") or ""
+            if not is_library_file(path):
+                return path
+    return None
+
+
+def _snapshot(converted: dict[int, ConvertedRank], meta: dict, missing: list[int],
+              classify: Classify) -> Optional[StopSnapshot]:
+    """How the ranks stood when they dumped, as the live monitor reports a stopped job; None when no
+    collective was pending anywhere (the dumps show no hang)."""
+    if not any(c.pending for c in converted.values()):
+        return None
+    interner = Interner()
+    ranks: dict[int, RankState] = {}
+    started: list[float] = []
+    threshold: Optional[float] = None
+    for rank, conv in sorted(converted.items()):
+        dumped_at = meta[rank][1]
+        pending = conv.pending
+        beat = Heartbeat(pid=0, rank=rank, t=dumped_at, last_collective=conv.last_traced,
+                         seq=conv.last["n"] if conv.last else 0, activity="training")
+        if pending is not None:
+            if pending.traced or not pending.frames:  # a traced call, or a JSON dump (no stack to read)
+                beat.activity = f"in {pending.op} #{pending.n}"
+            stack = as_stack(pending.frames, interner)
+            state, waiting_in = classify(stack, beat)
+            started.append(pending.time_s)
+            threshold = pending.timeout_s if threshold is None else max(threshold, pending.timeout_s or 0)
+            ranks[rank] = RankState(rank=rank, state=state, waiting_in=waiting_in, heartbeat=beat, stack=stack,
+                                    stalled_s=max(0.0, dumped_at - pending.time_s))
+        else:
+            last_t = conv.last["t"] if conv.last else dumped_at
+            ranks[rank] = RankState(rank=rank, state="computing", heartbeat=beat, stack=[],
+                                    stalled_s=max(0.0, dumped_at - last_t))
+    for rank in missing:
+        ranks[rank] = RankState(rank=rank, state="no dump")
+    waiting = all(s.state == "waiting" for r, s in ranks.items() if r not in missing)
+    return StopSnapshot(reason="hang" if waiting else "no-progress", threshold_s=threshold or 0.0, ranks=ranks,
+                        t=min(started))
+
+
+def _notes(converted: dict[int, ConvertedRank], meta: dict, missing: list[int], evidence: Evidence) -> list[str]:
+    notes = []
+    if missing:
+        notes.append(f"no dump from {_ranks_text(missing)}")
+    cut = sorted(r for r, c in converted.items() if c.cut_off)
+    if cut:
+        by_first: dict[Optional[int], list[int]] = {}
+        for r in cut:
+            by_first.setdefault(converted[r].first_world, []).append(r)
+        firsts = "; ".join(f"{_ranks_text(ranks)} from #{first}" for first, ranks in sorted(
+            by_first.items(), key=lambda kv: kv[0] or 0)[:8])
+        notes.append(f"ring buffer full on {len(cut)} rank(s): their oldest entries are gone ({firsts}"
+                     f"{'; ...' if len(by_first) > 8 else ''}); collectives are compared only where every rank still "
+                     "holds them")
+    p2p = {r: c.unrecorded_p2p for r, c in converted.items() if c.unrecorded_p2p}
+    if p2p:
+        rank, gaps = next(iter(sorted(p2p.items())))
+        notes.append(f"gloo records no point-to-point operations: {len(p2p)} rank(s) issued send/recv between "
+                     f"collectives (rank {rank}: {sum(g for _, g in gaps)} after collective #{gaps[0][0]}...), not "
+                     "compared; a rank waiting in one looks as if it were not inside a collective")
+    json_only = sorted(r for r, m in meta.items() if m[2] == "json")
+    if json_only:
+        notes.append(f"JSON dumps hold no Python stacks (ranks {', '.join(map(str, json_only[:8]))}"
+                     f"{'...' if len(json_only) > 8 else ''}): no source lines, DDP's collectives not told apart")
+    return notes
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """"rank 3", "ranks 0-516, 518-1023": runs of consecutive ranks as ranges."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    spans, start = [], ranks[0]
+    for previous, current in zip(ranks, ranks[1:] + [None]):
+        if current is None or current != previous + 1:
+            spans.append(f"{start}-{previous}" if previous > start else str(start))
+            start = current
+    return "ranks " + ", ".join(spans)

@@ -1,0 +1,295 @@
+"""A finding's evidence in words: human labels, rounded numbers with units, no JSON, no internal keys.
+
+Checks put whatever they measured in ``Finding.evidence`` (the JSON report keeps all of it). People
+read it through :func:`evidence_rows`: one (label, lines) row per key, each value formatted by its
+shape, so checks written later (plugins included) render well without a special case here:
+
+- a map keyed by rank (``{"0": 3, "1": 4}``) groups equal values: ``ranks 0, 2: 3 · rank 1: 4``;
+- a map of rank maps (per parameter, per loader) gives one line per entry;
+- a call site (``{"file", "line", "function"}``, or a list of them) reads ``train.py:31 (main)``;
+- floats keep three significant digits, with the unit the key's suffix names (``_s``, ``_bytes``,
+  ``_gbps``, ``_pct``); long lists are cut between items, never inside a word.
+
+:data:`LABELS` gives the built-in checks' keys their names (``None`` hides a key the message already
+says, like ``case``, or that only tools need, like fingerprints).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Optional
+
+__all__ = ["LABELS", "PHASES", "evidence_rows", "format_value", "site_text", "ranks_text", "number", "size",
+           "seconds", "call_text"]
+
+MAX_ITEMS = 8
+MAX_GROUPS = 6
+MAX_LINES = 6
+
+Formatter = Callable[[Any], str]
+
+
+def number(value: float) -> str:
+    """Three significant digits, no exponent for everyday magnitudes: 0.298, 12.3, 4,096."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if not math.isfinite(value):
+        return str(value)
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude < 1e-3:
+        return f"{value:.2e}"
+    digits = max(0, 2 - int(math.floor(math.log10(magnitude))))
+    text = f"{value:.{digits}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def size(value: float) -> str:
+    """Bytes in binary units: 512 B, 4.0 KiB, 1.5 GiB."""
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{number(value)} {unit}"
+        value /= 1024
+    return f"{value} B"
+
+
+def seconds(value: float) -> str:
+    if value < 1e-3:
+        return f"{number(value * 1e6)} µs"
+    if value < 1:
+        return f"{number(value * 1e3)} ms"
+    return f"{number(value)} s"
+
+
+def percent(value: float) -> str:
+    return f"{number(value * 100)} %"
+
+
+def site_text(site: Any) -> str:
+    """``train.py:31 (main)`` for a call site, or the innermost of a list of frames."""
+    if isinstance(site, list):
+        site = next((s for s in site if isinstance(s, dict)), None)
+    if not isinstance(site, dict) or not site.get("file"):
+        return ""
+    name = os.path.basename(str(site["file"]))
+    function = f" ({site['function']})" if site.get("function") else ""
+    return f"{name}:{site.get('line')}{function}"
+
+
+def ranks_text(ranks: list) -> str:
+    """``rank 3``, ``ranks 0, 1, 5``, ``ranks 0-7`` (consecutive runs collapse)."""
+    values = sorted({int(r) for r in ranks})
+    if not values:
+        return "no rank"
+    runs: list[str] = []
+    start = prev = values[0]
+    for r in values[1:] + [None]:  # type: ignore[list-item]
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else (f"{start}, {prev}" if prev == start + 1 else f"{start}-{prev}"))
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(values) == 1 else "ranks ") + ", ".join(runs)
+
+
+# What DDP's own collectives are part of (the collective trace's ``phase``), in words.
+PHASES = {"ddp-forward": "DDP's forward (buffer broadcast)", "ddp-backward": "DDP's gradient all-reduce",
+          "ddp-init": "DDP's constructor (parameter broadcast)"}
+
+
+def call_text(call: dict) -> str:
+    """One rank's collective call: ``all_reduce of float32[4]``, or the DDP phase an internal one belongs to."""
+    tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
+                        if isinstance(t, list) and len(t) == 2)
+    what = call.get("op") or PHASES.get(call.get("phase") or "", str(call.get("phase") or "a collective").replace("-", " "))
+    if call.get("op") and call.get("phase") in PHASES:
+        what += f" in {PHASES[call['phase']]}"
+    return what + (f" of {tensors}" if tensors else "")
+
+
+def _is_site(value: Any) -> bool:
+    return isinstance(value, dict) and "file" in value and "line" in value
+
+
+def _is_rank_map(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and all(str(k).lstrip("-").isdigit() for k in value)
+
+
+def _items(values: list, fmt: Formatter) -> str:
+    shown = [fmt(v) for v in values[:MAX_ITEMS]]
+    more = len(values) - len(shown)
+    if len(values) > 3 and len({repr(v) for v in values}) == 1:
+        return f"{fmt(values[0])} (all {len(values)})"
+    return ", ".join(shown) + (f", … ({more} more)" if more > 0 else "")
+
+
+def _rank_map(value: dict, fmt: Formatter) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, v in value.items():
+        groups.setdefault(fmt(v), []).append(int(rank))
+    if len(groups) == 1 and len(value) > 1:
+        text, ranks = next(iter(groups.items()))
+        return f"{text} on {ranks_text(ranks)}"
+    ordered = sorted(groups.items(), key=lambda kv: min(kv[1]))
+    parts = [f"{ranks_text(r)}: {text}" for text, r in ordered[:MAX_GROUPS]]
+    if len(ordered) > MAX_GROUPS:
+        parts.append(f"… ({len(ordered) - MAX_GROUPS} more groups)")
+    return " · ".join(parts)
+
+
+def format_value(value: Any, key: str = "", *, depth: int = 0) -> str:
+    """One value in words, by its shape and the unit its key names."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        if key.endswith("_bytes") or key == "bytes":
+            return size(value)
+        if key.endswith("_s"):
+            return seconds(float(value))
+        if key.endswith("_gbps"):
+            return f"{number(value)} GB/s"
+        if key.endswith("_pct"):
+            return f"{number(value)} %"
+        return number(value)
+    if isinstance(value, str):
+        return value
+    if _is_site(value):
+        return site_text(value)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "none"
+        if all(_is_site(v) for v in value):
+            return site_text(list(value))
+        return _items(list(value), lambda v: format_value(v, key, depth=depth + 1))
+    if isinstance(value, dict):
+        if not value:
+            return "none"
+        if _is_rank_map(value):
+            return _rank_map(value, lambda v: format_value(v, key, depth=depth + 1))
+        if depth >= 3:
+            return f"{len(value)} entries"
+        parts = [f"{_label_of(k)}: {format_value(v, str(k), depth=depth + 1)}" for k, v in list(value.items())[:MAX_ITEMS]]
+        more = len(value) - len(parts)
+        return ", ".join(parts) + (f", … ({more} more)" if more > 0 else "")
+    return str(value)
+
+
+def _names(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return _items([f"`{v}`" for v in value], str)
+    return format_value(value)
+
+
+def _compared(value: Any) -> str:
+    return {"grads": "gradients", "params": "parameters"}.get(value, format_value(value))
+
+
+# key -> (label, formatter) or None (hidden). Keys not listed: the key in words, formatted by shape.
+LABELS: dict[str, Optional[tuple[str, Optional[Formatter]]]] = {
+    # internal codes the message says in words, or data only tools need
+    **dict.fromkeys(("case", "kind", "ddp", "optimizer", "opt", "seq", "sequence", "first_divergence", "timeline",
+                     "calls", "ranks", "rank", "fingerprints", "fingerprint", "frames", "stacks", "stack",
+                     "rank_groups", "decoded", "secondary_only", "reduction_error", "failed_ranks", "message",
+                     "exception", "basis", "source", "threshold_s", "secondary", "site", "culprit",
+                     "culprit_phase", "rank_only"), None),
+    "never_ran": ("never ran it", ranks_text),
+    "collectives_from_line": ("collectives from that line", None),
+    "relative_difference": ("relative difference", percent),
+    "parameter": ("parameter", lambda v: f"`{v}`"),
+    "buffer": ("buffer", lambda v: f"`{v}`"),
+    "compared": ("compared", _compared),
+    "step": ("optimizer step", None),
+    "last_step": ("last optimizer step", None),
+    "unused": ("unused parameters", _names),
+    "never_used": ("never used", _names),
+    "crashed_ranks": ("crashed", lambda v: ranks_text(v) if v else "no rank"),
+    "iterations_without_grad": ("iterations without a gradient", None),
+    "iterations_observed": ("iterations observed", None),
+    "write_site": ("written at", site_text),
+    "read_site": ("read at", site_text),
+    "collective_site": ("collective at", site_text),
+    "writer": ("writer", lambda v: f"rank {v}"),
+    "reader": ("reader", lambda v: f"rank {v}"),
+    "writer_collectives_after_write": ("writer's collectives when the save returned", None),
+    "reader_collectives_before_read": ("reader's collectives before the load", None),
+    "writes": ("saves per rank", None),
+    "paths": ("paths", None),
+    "bytes": ("size", size),
+    "batches": ("batches per rank", None),
+    "loader": ("loader", None),
+    "pass": ("pass", None),
+    "sampler_epochs": ("sampler epoch in each pass", None),
+    "identical_order": ("same order every pass", None),
+    "broadcast_buffers": ("broadcast_buffers", None),
+    "forward": ("training forward", None),
+    "timeout_s": ("timeout", seconds),
+    "exitcode": ("exit code", None),
+    "signal": ("signal", None),
+    "min_busbw_gbps": ("required bus bandwidth", lambda v: f"{number(v)} GB/s"),
+    "num_uneven_passes": ("uneven passes", None),
+    "never_called_by": ("never called by", ranks_text),
+    "called_by": ("called by", ranks_text),
+    "optimizer_steps": ("optimizer steps", None),
+    "steps_compared": ("steps compared", None),
+    "processes": ("processes", None),
+    "num_padding_duplicates": ("padding duplicates", None),
+    "padding_examples": ("examples", None),
+    "num_unseen": ("samples no rank drew", None),
+    "expected_unseen": ("expected", None),
+    "sampler_num_replicas": ("sampler num_replicas", None),
+    "world_size": ("world size", None),
+    "devices": ("devices per rank", None),
+}
+
+
+_UNIT_SUFFIXES = ("_s", "_bytes", "_gbps", "_pct")
+
+
+def _label_of(key: Any) -> str:
+    """The key's label, or the key in words without its unit suffix (the value carries the unit)."""
+    key = str(key)
+    entry = LABELS.get(key)
+    if entry:
+        return entry[0]
+    for suffix in _UNIT_SUFFIXES:
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key = key[: -len(suffix)]
+            break
+    return key.replace("_", " ")
+
+
+def evidence_rows(evidence: dict, *, limit: int = 12) -> list[tuple[str, list[str]]]:
+    """(label, lines) per shown key, in the check's order. A map of rank maps (iterations without a
+    gradient per parameter) gives one line per entry; anything else one line."""
+    rows: list[tuple[str, list[str]]] = []
+    for key, value in evidence.items():
+        if value is None or value == [] or value == {}:
+            continue
+        if key in LABELS and LABELS[key] is None:
+            continue
+        entry = LABELS.get(key)
+        label, fmt = entry if entry else (_label_of(key), None)
+        if fmt is not None:
+            lines = [fmt(value)]
+        elif isinstance(value, dict) and value and not _is_rank_map(value) and not _is_site(value) \
+                and all(isinstance(v, dict) for v in value.values()):
+            entries = list(value.items())
+            lines = [f"{k}: {format_value(v, key)}" for k, v in entries[:MAX_LINES]]
+            if len(entries) > MAX_LINES:
+                lines.append(f"… ({len(entries) - MAX_LINES} more)")
+        else:
+            lines = [format_value(value, key)]
+        rows.append((label, lines))
+        if len(rows) >= limit:
+            break
+    return rows
