@@ -69,8 +69,9 @@ def _assert_interrupted(report: dict, signal_name: str) -> None:
 
 
 def test_ctrl_c_on_a_stuck_job_says_where_each_rank_was(tmp_path):
-    """Ctrl-C before the hang timeout: no hang is claimed, but the report shows rank 0 waiting in the
-    barrier of validate() and rank 1 in DDP's gradient all-reduce."""
+    """Ctrl-C before the hang timeout: no hang is claimed from the stall, but the report shows rank 0
+    waiting in the barrier of validate() and rank 1 in DDP's gradient all-reduce, and the collective
+    both ranks made differently before the signal is still the root cause."""
     json_path = tmp_path / "report.json"
     proc, tmpdir = _start(ddpdoctor_command(FIXTURES / "hang_barrier_rank0.py", json_path), tmp_path)
     # Both ranks past the first epoch's two steps: rank 0 waits in validate()'s barrier, rank 1 in the
@@ -79,7 +80,11 @@ def test_ctrl_c_on_a_stuck_job_says_where_each_rank_was(tmp_path):
     time.sleep(1.0)
     os.killpg(proc.pid, signal.SIGINT)
     code, output, report = _finish(proc, json_path)
-    assert code == 130, output[-3000:]
+    assert code == 130, output[-3000:]  # interrupted: 130, whatever was found before the signal
+    (finding,) = report["findings"]
+    assert finding["check"] == "collective-hang" and "differs across ranks" in finding["message"]
+    assert finding["location"]["line"] == 16  # validate()'s barrier that only rank 0 calls
+    report["findings"] = []
     _assert_interrupted(report, "SIGINT")
     ranks = report["interruption"]["ranks"]
     assert ranks["0"]["state"] == "waiting" and ranks["0"]["where"]["function"] == "validate", ranks
