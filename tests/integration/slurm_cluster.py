@@ -304,6 +304,8 @@ class TwoNodeSlurm:
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
         _run("ip", "link", "delete", self.bridge)
         shutil.rmtree("/var/spool/ddpdoctor-slurmctld-two-nodes", ignore_errors=True)
+        for name in self.NAMES:
+            shutil.rmtree(f"/var/spool/ddpdoctor-slurmd-{name}", ignore_errors=True)
         if self._munge:
             _stop_pid_file(MUNGE_PID)
             self._munge = False
