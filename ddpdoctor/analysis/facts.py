@@ -32,6 +32,11 @@ SECONDARY_MARKERS = (
     "process group has been destroyed", "ProcessGroupGloo::", "Read error", "Write error",
 )
 
+# A signal reaches the ranks and ddpdoctor about together (a terminal's process group, slurmstepd):
+# what a rank raised this long before ddpdoctor saw the signal is still the signal's doing.
+SIGNAL_SLACK_S = 1.0
+_SIGNAL_EXIT_CODES = frozenset(128 + n for n in (1, 2, 10, 12, 15))  # SIGHUP, SIGINT, SIGUSR1, SIGUSR2, SIGTERM
+
 # DDP's error when a parameter got no gradient, and the rewording Lightning raises instead.
 REDUCTION_ERRORS = ("Expected to have finished reduction in the prior iteration",
                     "has parameters that were not used in producing the loss")
@@ -275,17 +280,22 @@ class Facts:
         explained: set[Optional[int]] = set()
         launcher = [(None, e) for e in self.evidence.unranked if isinstance(e, ExceptionEvent)]
         stop = self.evidence.stop
+        interrupted = stop is not None and stop.reason == "interrupted"
         for rank, event in [*self.evidence.events(ExceptionEvent), *launcher]:
+            if interrupted and event.type == "KeyboardInterrupt":
+                continue  # the Ctrl-C that interrupted the run, raised in the rank
             decoded = decode(event.message, tails.get(rank, []) if rank is not None else [])
             secondary = (event.type == "KeyboardInterrupt" or _is_secondary(event.message)
                          or bool(decoded and decoded.secondary))
-            if secondary and stop is not None and stop.t and event.t >= stop.t:
+            if secondary and stop is not None and stop.t and event.t >= stop.t - (SIGNAL_SLACK_S if interrupted else 0):
                 continue  # a peer's error from ddpdoctor stopping the job, not from the job itself
             found.append(RankFailure(rank=rank, kind="exception", t=event.t, type=event.type, message=event.message,
                                      location=Location.from_site(event.location), frames=event.frames, seq=event.seq,
                                      step=event.step, decoded=decoded, secondary=secondary))
             explained.add(rank)
         for rank, event in self.evidence.events(SysExit):
+            if interrupted and event.code in _SIGNAL_EXIT_CODES and event.t >= stop.t - SIGNAL_SLACK_S:
+                continue  # the script's own signal handler turned the stop signal into sys.exit(128+N)
             if rank not in explained:
                 found.append(RankFailure(rank=rank, kind="exit", t=event.t, code=event.code, seq=event.seq,
                                          step=event.step, location=Location.from_site(event.location)))

@@ -58,7 +58,7 @@ def test_checkpoint_bytes_are_identical_with_and_without_ddpdoctor(tmp_path, run
     plain_dir.mkdir()
     probed_dir.mkdir()
     args = ["--epochs", "1", "--num-samples", "1024"]
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                     str(FIXTURES / "reference.py"), *args, "--checkpoint-dir", str(plain_dir)],
                    cwd=tmp_path, check=True, capture_output=True, timeout=180)
     run = run_check("reference.py", script_args=(*args, "--checkpoint-dir", str(probed_dir)))
