@@ -93,6 +93,23 @@ def _describe(failure: RankFailure, who: str) -> tuple[str, str]:
     return f"{who} exited with code {failure.code}", "Look at this rank's output above for the cause."
 
 
+def _teardown_abort(aborts: dict[int, str]) -> CheckResult:
+    """Ranks killed after their script finished cleanly: torch's own exit crashed, not the script."""
+    ranks = sorted(aborts)
+    signals = ", ".join(sorted(set(aborts.values())))
+    finding = Finding(
+        check=ID, severity="warning", ranks=tuple(ranks), location=None,
+        message=(f"{fmt_ranks(ranks)} {'was' if len(ranks) == 1 else 'were'} killed by {signals} after the script had "
+                 "finished cleanly: torch crashed in its own teardown (gloo's worker threads still releasing a finished "
+                 "collective while the interpreter exits: \"terminate called without an active exception\"). Every "
+                 "check above judged a complete run, but torchrun reports the job as failed"),
+        fix=("Nothing in the training is wrong: this is a race in torch's gloo backend at interpreter exit (ddpdoctor's "
+             "bootstrap waits for those threads, so it is rare under ddpdoctor and more frequent under plain torchrun). "
+             "Rerun where the exit code matters."),
+        evidence={"kind": "teardown", "signals": {str(r): s for r, s in sorted(aborts.items())}})
+    return CheckResult(findings=[finding], summary=f"{fmt_ranks(ranks)} crashed in torch's teardown after finishing")
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     facts = evidence.facts
     failures = facts.failures
@@ -102,6 +119,8 @@ def analyze(evidence: Evidence) -> CheckResult:
             return CheckResult(findings=[unfinished], summary=unfinished.message.split(":")[0])
         if evidence.stop is not None and evidence.stop.reason == "interrupted":
             return CheckResult(summary=f"no rank failed before {evidence.stop.signal or 'the signal'} interrupted the run")
+        if facts.teardown_aborts:
+            return _teardown_abort(facts.teardown_aborts)
         return CheckResult(summary="no rank failed")
     primary = facts.first_failure
     secondary_only = primary is None

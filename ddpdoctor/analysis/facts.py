@@ -19,8 +19,8 @@ from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
 from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, subgroup_traces,
                                       trace_of)
-from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, InitProcessGroup, InternalCollectives,
-                                     LoaderPass, OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
+from ddpdoctor.schema.events import (Collective, DDPUsage, DDPWrap, ExceptionEvent, Exit, InitProcessGroup,
+                                     InternalCollectives, LoaderPass, OptimizerInfo, ProcessStart, RunCut, Step, SysExit)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -308,6 +308,8 @@ class Facts:
                 if not failure.signal and not failure.exitcode:
                     continue
                 ev = self.evidence.ranks.get(failure.rank)
+                if failure.rank in self.teardown_aborts:
+                    continue  # the script had finished: torch's own teardown crashed (see teardown_aborts)
                 last = ev.events[-1] if ev and ev.events else None
                 found.append(RankFailure(rank=failure.rank, kind="signal" if failure.signal else "exitcode",
                                          t=last.t if last else failure.t, code=failure.exitcode, signal=failure.signal,
@@ -315,6 +317,20 @@ class Facts:
                                          decoded=decode("", tails.get(failure.rank, []))))
                 explained.add(failure.rank)
         return sorted(found, key=lambda f: f.t)
+
+    @functools.cached_property
+    def teardown_aborts(self) -> dict[int, str]:
+        """rank -> the signal that killed it after its script had finished cleanly (its Exit event
+        with code 0 was written): a crash in torch's own teardown, not in the script."""
+        found: dict[int, str] = {}
+        if self.evidence.stopped_by_ddpdoctor:
+            return found
+        for failure in self.evidence.failures:
+            ev = self.evidence.ranks.get(failure.rank)
+            if failure.signal and failure.signal != "SIGTERM" and ev is not None \
+                    and any(e.code == 0 for e in ev.of(Exit)):
+                found[failure.rank] = failure.signal
+        return found
 
     @functools.cached_property
     def failed_ranks(self) -> set[int]:

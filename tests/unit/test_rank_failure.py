@@ -281,3 +281,14 @@ def test_only_peer_symptoms_say_so():
     finding = only_finding(analyze(evidence))
     assert finding.evidence["secondary_only"] is True
     assert "no rank reported an error of its own" in finding.message
+
+
+def test_a_signal_after_the_script_finished_is_a_teardown_crash_not_the_scripts():
+    from builders import exit_event
+
+    evidence = make_evidence(2, {0: [exit_event(0)], 1: [exit_event(0)]}, outcome="failed",
+                             failures=[failure(1, exitcode=-6, signal="SIGABRT")])
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "warning" and finding.ranks == (1,)
+    assert "after the script had finished cleanly" in finding.message
+    assert evidence.facts.failures == []
