@@ -1,8 +1,8 @@
 """GPU benchmarks (run where CUDA is present; prints tables, asserts nothing).
 
-1. fingerprint cost on the GPT-style model's parameters and gradients: the per-tensor way (two
-   reductions per tensor, as before the fused kernels) against ddpdoctor's fused kernels, and one
-   read of those bytes at the measured copy bandwidth;
+1. fingerprint cost on the GPT-style model's parameters and gradients, fp32 and bf16: the fused
+   norm and max kernels used before, the word sums used now (a kernel per tensor), word sums over
+   chunked concatenations, and one read of those bytes at the measured copy bandwidth;
 2. step overhead: the GPT-style job (bench/gpt_step.py) plain under torchrun, under
    `ddpdoctor check` (default schedule) and with --fingerprint-every 1, interleaved, 1 NCCL rank.
 
@@ -49,28 +49,67 @@ def cuda_ms(fn, repeats: int = 50) -> float:
     return statistics.median(samples)
 
 
-def bench_fingerprint() -> dict:
+def fused_norm_max(tensors: list[torch.Tensor]) -> list:
+    """The fingerprint before word sums: fused norm and max kernels per dtype (two reads)."""
+    norms = torch._foreach_norm(tensors, 2)
+    maxes = torch._foreach_max(tensors)
+    return torch.stack([*norms, *maxes]).tolist()
+
+
+def batched_word_sums(tensors: list[torch.Tensor], chunk_bytes: int = 256 << 20) -> list:
+    """Word sums in a few kernels whatever the number of tensors: int64 views concatenated in
+    chunks, a cumulative sum, the totals at each tensor's end (wrapping int64 arithmetic is exact)."""
+    sums: list = []
+    chunk: list[torch.Tensor] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal chunk, size
+        if not chunk:
+            return
+        flat = torch.cat(chunk)
+        ends = torch.tensor([c.numel() for c in chunk], device=flat.device).cumsum(0) - 1
+        totals = flat.cumsum(0)[ends]
+        sums.append(torch.diff(totals, prepend=totals.new_zeros(1)))
+        chunk, size = [], 0
+
+    for t in tensors:
+        words = t.detach().reshape(-1).view(torch.int64)
+        chunk.append(words)
+        size += words.numel() * 8
+        if size >= chunk_bytes:
+            flush()
+    flush()
+    return torch.cat(sums).tolist()
+
+
+def bench_fingerprint(dtype: torch.dtype = torch.float32) -> dict:
     from gpt_step import GPT
 
     from ddpdoctor.rank import fingerprint as fp
 
-    model = GPT(vocab=32000, width=768, depth=12, heads=12, context=512).cuda()
+    model = GPT(vocab=32000, width=768, depth=12, heads=12, context=512).cuda().to(dtype)
     params = list(model.parameters())
     for p in params:
         p.grad = torch.randn_like(p)
+    tensors = [p.grad for p in params] + params
     nbytes = sum(p.numel() * p.element_size() for p in params) * 2  # parameters and gradients
     big = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
     copy_ms = cuda_ms(lambda: big.clone())
     bandwidth = 2 * big.numel() / (copy_ms / 1000)  # bytes read + written per second
-    old_ms = cuda_ms(lambda: (per_tensor_fingerprint([p.grad for p in params]), per_tensor_fingerprint(params)))
+    old_ms = cuda_ms(lambda: fused_norm_max(tensors))
     new_ms = cuda_ms(lambda: fp.resolve(fp.start([p.grad for p in params]), fp.start(params)))
+    batched_ms = cuda_ms(lambda: batched_word_sums(tensors))
+    assert batched_word_sums(tensors) == [v[0] for v in fp.fingerprint(tensors)], "the two word sums must agree"
     floor_ms = nbytes / bandwidth * 1000
-    result = {"gpu": torch.cuda.get_device_name(), "tensors": len(params), "parameters": sum(p.numel() for p in params),
-              "per_tensor_ms": old_ms, "fused_ms": new_ms, "one_read_ms": floor_ms, "copy_bandwidth_tbs": bandwidth / 1e12}
+    result = {"gpu": torch.cuda.get_device_name(), "dtype": str(dtype), "tensors": len(params),
+              "parameters": sum(p.numel() for p in params), "fused_norm_max_ms": old_ms, "word_sums_ms": new_ms,
+              "batched_word_sums_ms": batched_ms, "one_read_ms": floor_ms, "copy_bandwidth_tbs": bandwidth / 1e12}
     table(f"fingerprint of gradients + parameters, {len(params)} tensors, "
-          f"{result['parameters'] / 1e6:.0f}M parameters, fp32, {result['gpu']}",
+          f"{result['parameters'] / 1e6:.0f}M parameters, {dtype}, {result['gpu']}",
           ["way", "ms (median of 50)"],
-          [["per tensor (sum + norm kernels each)", f"{old_ms:.3f}"], ["fused (_foreach_norm + _foreach_max)", f"{new_ms:.3f}"],
+          [["fused norm + max per dtype (before)", f"{old_ms:.3f}"], ["word sums, a kernel per tensor (now)", f"{new_ms:.3f}"],
+           ["word sums, concatenated in chunks + cumsum", f"{batched_ms:.3f}"],
            [f"one read of the bytes at {bandwidth / 1e12:.2f} TB/s", f"{floor_ms:.3f}"]])
     return result
 
@@ -85,7 +124,8 @@ def _step_times(output: str) -> list[float]:
 def bench_steps(rounds: int, steps: int) -> dict:
     script = str(ROOT / "bench" / "gpt_step.py")
     variants = {
-        "plain torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", script],
+        "plain torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                           script],
         "ddpdoctor check (default schedule)": [sys.executable, "-m", "ddpdoctor", "check", script, "-n", "1", "--plain",
                                                "--"],
         "ddpdoctor check --fingerprint-every 1": [sys.executable, "-m", "ddpdoctor", "check", script, "-n", "1",
@@ -114,7 +154,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmarks need one")
         return
-    results = {"fingerprint": bench_fingerprint(), "steps": bench_steps(args.rounds, args.steps)}
+    results = {"fingerprint": bench_fingerprint(torch.float32), "fingerprint_bf16": bench_fingerprint(torch.bfloat16),
+               "steps": bench_steps(args.rounds, args.steps)}
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

@@ -68,6 +68,11 @@ def _verb(entry: TraceEntry) -> str:
     return "issued" if entry.internal else "called"
 
 
+def _several_hosts(evidence: Evidence) -> bool:
+    """The ranks ran on more than one host: a rank is then named with its host."""
+    return len({ev.host for ev in evidence.ranks.values() if ev.host}) > 1
+
+
 def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
     traces = evidence.facts.world_traces
     states: dict[str, dict] = {}
@@ -78,7 +83,9 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
         beat = state.heartbeat
         user = [f for f in state.stack if f.get("user")]
         last = _last_traced(traces.get(rank)) or (beat.last_collective if beat else None)
+        ev = evidence.ranks.get(rank)
         states[str(rank)] = {
+            "host": (ev.host if ev else None) or (beat.host if beat else None) or None,
             "state": state.state,
             "waiting_in": state.waiting_in,
             "activity": beat.activity if beat else None,
@@ -144,11 +151,18 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
         what = f"in {state.get('waiting_in') or 'its own code'}" \
             + (f" at {where['file'].rsplit('/', 1)[-1]}:{where['line']} ({where['function']})" if where else "")
         said.setdefault((verb, what), []).append(r)
+    several = _several_hosts(evidence)  # then a rank is named with its host
+
+    def on(ranks: list[int]) -> str:
+        hosts = {states[str(r)].get("host") for r in ranks}
+        return f" on {hosts.pop()}" if several and len(hosts) == 1 and None not in hosts else ""
+
     if any(len(ranks) > 4 for ranks in said.values()):  # many ranks: each thing said once, for all it is true of
-        lines = [f"{_some_ranks(ranks)} {_verb_for(verb, ranks)} {what}" for (verb, what), ranks in said.items()]
+        lines = [f"{_some_ranks(ranks)}{on(ranks)} {_verb_for(verb, ranks)} {what}"
+                 for (verb, what), ranks in said.items()]
     else:
         clause = {r: (verb, what) for (verb, what), ranks in said.items() for r in ranks}
-        lines = [f"rank {r} {_verb_for(clause[r][0], [r])} {clause[r][1]}" for r in waiting + others]
+        lines = [f"rank {r}{on([r])} {_verb_for(clause[r][0], [r])} {clause[r][1]}" for r in waiting + others]
     never = sorted(int(r) for r, s in states.items() if s["state"] == "never started")
     tail = (f"; {fmt_ranks(exited)} had already exited" if exited else "") + \
         (f"; {fmt_ranks(never)} never started" if never else "") + _no_dump(evidence, states, waiting)

@@ -48,27 +48,20 @@ def _last_step(evidence: Evidence, rank: Optional[int]) -> Optional[int]:
 
 
 def _unfinished(evidence: Evidence) -> Optional[Finding]:
-    """The job did not end by itself: --timeout expired or ddpdoctor was interrupted."""
+    """The job did not end by itself because --timeout expired. (A stop signal is no finding: the
+    run's outcome is "interrupted" and ddpdoctor exits 128+signal.)"""
     stop = evidence.stop
-    if stop is None or stop.reason not in ("timeout", "interrupted"):
+    if stop is None or stop.reason != "timeout":
         return None
     where = {str(r): {"steps": s.heartbeat.steps if s.heartbeat else None, "doing": s.waiting_in or s.state}
              for r, s in sorted(stop.ranks.items())}
     steps = ", ".join(f"rank {r} at step {w['steps']}" for r, w in where.items() if w["steps"] is not None)
-    ranks = tuple(sorted(evidence.ranks))
-    if stop.reason == "timeout":
-        return Finding(
-            check=ID, severity="error", ranks=ranks, location=None,
-            message=f"the job did not finish within --timeout {evidence.observations.timeout_s or 0:g}s and was "
-                    f"stopped ({steps or 'no rank reported'})",
-            fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
-            evidence={"kind": "timeout", "ranks": where, "timeout_s": evidence.observations.timeout_s})
     return Finding(
-        check=ID, severity="warning", ranks=ranks, location=None,
-        message=f"ddpdoctor was interrupted ({stop.signal or 'signal'}) before the job finished; "
-                f"the report covers the evidence gathered until then ({steps or 'no rank reported'})",
-        fix="Let the job run to the end for a complete diagnosis.",
-        evidence={"kind": "interrupted", "ranks": where, "signal": stop.signal})
+        check=ID, severity="error", ranks=tuple(sorted(evidence.ranks)), location=None,
+        message=f"the job did not finish within --timeout {evidence.observations.timeout_s or 0:g}s and was "
+                f"stopped ({steps or 'no rank reported'})",
+        fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
+        evidence={"kind": "timeout", "ranks": where, "timeout_s": evidence.observations.timeout_s})
 
 
 def _same_cause(a: RankFailure, b: RankFailure) -> bool:
@@ -100,6 +93,23 @@ def _describe(failure: RankFailure, who: str) -> tuple[str, str]:
     return f"{who} exited with code {failure.code}", "Look at this rank's output above for the cause."
 
 
+def _teardown_abort(aborts: dict[int, str]) -> CheckResult:
+    """Ranks killed after their script finished cleanly: torch's own exit crashed, not the script."""
+    ranks = sorted(aborts)
+    signals = ", ".join(sorted(set(aborts.values())))
+    finding = Finding(
+        check=ID, severity="warning", ranks=tuple(ranks), location=None,
+        message=(f"{fmt_ranks(ranks)} {'was' if len(ranks) == 1 else 'were'} killed by {signals} after the script had "
+                 "finished cleanly: torch crashed in its own teardown (gloo's worker threads still releasing a finished "
+                 "collective while the interpreter exits: \"terminate called without an active exception\"). Every "
+                 "check above judged a complete run, but torchrun reports the job as failed"),
+        fix=("Nothing in the training is wrong: this is a race in torch's gloo backend at interpreter exit (ddpdoctor's "
+             "bootstrap waits for those threads, so it is rare under ddpdoctor and more frequent under plain torchrun). "
+             "Rerun where the exit code matters."),
+        evidence={"kind": "teardown", "signals": {str(r): s for r, s in sorted(aborts.items())}})
+    return CheckResult(findings=[finding], summary=f"{fmt_ranks(ranks)} crashed in torch's teardown after finishing")
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     facts = evidence.facts
     failures = facts.failures
@@ -107,6 +117,10 @@ def analyze(evidence: Evidence) -> CheckResult:
         unfinished = _unfinished(evidence)
         if unfinished is not None:
             return CheckResult(findings=[unfinished], summary=unfinished.message.split(":")[0])
+        if evidence.stop is not None and evidence.stop.reason == "interrupted":
+            return CheckResult(summary=f"no rank failed before {evidence.stop.signal or 'the signal'} interrupted the run")
+        if facts.teardown_aborts:
+            return _teardown_abort(facts.teardown_aborts)
         return CheckResult(summary="no rank failed")
     primary = facts.first_failure
     secondary_only = primary is None

@@ -95,7 +95,10 @@ def _run(script: str, script_args: tuple[str, ...], nproc_per_node: int, options
     if unknown:
         raise TypeError(f"unknown ddpdoctor option(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
     config = RunConfig(script=script, script_args=script_args, nproc_per_node=nproc_per_node, **options)
-    return run(config, display=_PrintDisplay(config.show_output))
+    report = run(config, display=_PrintDisplay(config.show_output))
+    if report.outcome == "interrupted" and (report.interruption or {}).get("signal") == "SIGINT":
+        raise KeyboardInterrupt  # the ranks are stopped; now Ctrl-C stops the test session, as it would have
+    return report
 
 
 @pytest.fixture

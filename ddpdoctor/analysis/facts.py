@@ -19,7 +19,7 @@ from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
 from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, subgroup_traces,
                                       trace_of)
-from ddpdoctor.schema.events import (Collective, ConfigState, DDPRewrap, DDPUsage, DDPWrap, ExceptionEvent,
+from ddpdoctor.schema.events import (Collective, ConfigState, DDPRewrap, DDPUsage, DDPWrap, ExceptionEvent, Exit,
                                      InitProcessGroup, InternalCollectives, LoaderPass, OptimizerInfo, ProcessStart,
                                      RunCut, Step, SysExit)
 
@@ -32,6 +32,11 @@ SECONDARY_MARKERS = (
     "NCCL communicator was aborted", "Socket Timeout", "timed out", "DistNetworkError", "Connection refused",
     "process group has been destroyed", "ProcessGroupGloo::", "Read error", "Write error",
 )
+
+# A signal reaches the ranks and ddpdoctor about together (a terminal's process group, slurmstepd):
+# what a rank raised this long before ddpdoctor saw the signal is still the signal's doing.
+SIGNAL_SLACK_S = 1.0
+_SIGNAL_EXIT_CODES = frozenset(128 + n for n in (1, 2, 10, 12, 15))  # SIGHUP, SIGINT, SIGUSR1, SIGUSR2, SIGTERM
 
 # DDP's error when a parameter got no gradient, and the rewording Lightning raises instead.
 REDUCTION_ERRORS = ("Expected to have finished reduction in the prior iteration",
@@ -360,17 +365,22 @@ class Facts:
         explained: set[Optional[int]] = set()
         launcher = [(None, e) for e in self.evidence.unranked if isinstance(e, ExceptionEvent)]
         stop = self.evidence.stop
+        interrupted = stop is not None and stop.reason == "interrupted"
         for rank, event in [*self.evidence.events(ExceptionEvent), *launcher]:
+            if interrupted and event.type == "KeyboardInterrupt":
+                continue  # the Ctrl-C that interrupted the run, raised in the rank
             decoded = decode(event.message, tails.get(rank, []) if rank is not None else [])
             secondary = (event.type == "KeyboardInterrupt" or _is_secondary(event.message)
                          or bool(decoded and decoded.secondary))
-            if secondary and stop is not None and stop.t and event.t >= stop.t:
+            if secondary and stop is not None and stop.t and event.t >= stop.t - (SIGNAL_SLACK_S if interrupted else 0):
                 continue  # a peer's error from ddpdoctor stopping the job, not from the job itself
             found.append(RankFailure(rank=rank, kind="exception", t=event.t, type=event.type, message=event.message,
                                      location=Location.from_site(event.location), frames=event.frames, seq=event.seq,
                                      step=event.step, decoded=decoded, secondary=secondary))
             explained.add(rank)
         for rank, event in self.evidence.events(SysExit):
+            if interrupted and event.code in _SIGNAL_EXIT_CODES and event.t >= stop.t - SIGNAL_SLACK_S:
+                continue  # the script's own signal handler turned the stop signal into sys.exit(128+N)
             if rank not in explained:
                 found.append(RankFailure(rank=rank, kind="exit", t=event.t, code=event.code, seq=event.seq,
                                          step=event.step, location=Location.from_site(event.location)))
@@ -383,6 +393,8 @@ class Facts:
                 if not failure.signal and not failure.exitcode:
                     continue
                 ev = self.evidence.ranks.get(failure.rank)
+                if failure.rank in self.teardown_aborts:
+                    continue  # the script had finished: torch's own teardown crashed (see teardown_aborts)
                 last = ev.events[-1] if ev and ev.events else None
                 found.append(RankFailure(rank=failure.rank, kind="signal" if failure.signal else "exitcode",
                                          t=last.t if last else failure.t, code=failure.exitcode, signal=failure.signal,
@@ -390,6 +402,20 @@ class Facts:
                                          decoded=decode("", tails.get(failure.rank, []))))
                 explained.add(failure.rank)
         return sorted(found, key=lambda f: f.t)
+
+    @functools.cached_property
+    def teardown_aborts(self) -> dict[int, str]:
+        """rank -> the signal that killed it after its script had finished cleanly (its Exit event
+        with code 0 was written): a crash in torch's own teardown, not in the script."""
+        found: dict[int, str] = {}
+        if self.evidence.stopped_by_ddpdoctor:
+            return found
+        for failure in self.evidence.failures:
+            ev = self.evidence.ranks.get(failure.rank)
+            if failure.signal and failure.signal != "SIGTERM" and ev is not None \
+                    and any(e.code == 0 for e in ev.of(Exit)):
+                found[failure.rank] = failure.signal
+        return found
 
     @functools.cached_property
     def failed_ranks(self) -> set[int]:

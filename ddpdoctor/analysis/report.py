@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ddpdoctor.analysis import interruption
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.analysis.bandwidth import collective_benchmark
 from ddpdoctor.analysis.environment import rank_environments
@@ -66,7 +68,7 @@ class Report:
     nnodes: int
     backend: str
     device: str
-    outcome: str  # completed | failed | hung | timeout
+    outcome: str  # completed | failed | hung | timeout | interrupted
     duration_s: float
     launch_mode: str
     checks: list[CheckStatus] = field(default_factory=list)
@@ -85,6 +87,11 @@ class Report:
     environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/environment.py)
     collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
     device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
+    # outcome "interrupted": {"signal", "exit_code" (128+N), "rank" (whose ddpdoctor got it; None: the
+    # reporting one), "during" ("start-up" before any rank ran the script, else "run"), "left_out"
+    # (what the stop cut off, not judged), "ranks" (where each rank was)}
+    interruption: Optional[dict] = None
+    launch: dict = field(default_factory=dict)  # how the ranks were launched (Observations.launch): mode, detection, Slurm job
     sources: dict = field(default_factory=dict)  # file -> {line: text} the findings point at (render/source.py)
     timeline: Optional[dict] = None  # per-rank steps, collectives, stalls, exits (analysis/timeline.py)
     launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines, kept off the screen
@@ -97,15 +104,21 @@ class Report:
         return [f for f in self.findings if SEVERITY_ORDER[f.severity] >= threshold]
 
     def exit_code(self, fail_on: str = "warning") -> int:
-        """0 when no top-level finding reaches ``fail_on``, else 1 (design.md's exit-code contract)."""
+        """0 when no top-level finding reaches ``fail_on``, else 1 (design.md's exit-code contract);
+        128+N when signal N interrupted the run, whatever was found before it."""
         if self.role == "peer":
             return self.peer_exit_code
+        if self.outcome == "interrupted" and self.interruption:
+            return int(self.interruption.get("exit_code") or 130)
         return 1 if self.at_or_above(fail_on) else 0
 
     def assert_clean(self, fail_on: str = "warning") -> None:
         """For tests: raise AssertionError listing every top-level finding at or above ``fail_on``
         (where, what, the fix), so a test fails the way ``--fail-on`` fails a run."""
         __tracebackhide__ = True  # pytest shows the caller's line, not this method's body
+        if self.outcome == "interrupted":  # not clean: it did not finish
+            raise AssertionError(f"ddpdoctor: the run was interrupted by {(self.interruption or {}).get('signal')} "
+                                 "before the job finished")
         found = self.at_or_above(fail_on)
         if not found:
             return
@@ -147,6 +160,8 @@ class Report:
             "environment": self.environment,
             "collective_benchmark": self.collective_benchmark,
             "device_simulation": self.device_simulation,
+            "interruption": self.interruption,
+            "launch": self.launch,
             "sources": self.sources,
             "timeline": self.timeline,
             "launcher_log": {"path": self.launcher_log_path, "lines": self.launcher_log} if self.launcher_log else None,
@@ -174,6 +189,8 @@ class Report:
             environment=list(data.get("environment") or []),
             collective_benchmark=data.get("collective_benchmark"),
             device_simulation=data.get("device_simulation"),
+            interruption=data.get("interruption"),
+            launch=dict(data.get("launch") or {}),
             sources=dict(data.get("sources") or {}), timeline=data.get("timeline"),
             launcher_log=list((data.get("launcher_log") or {}).get("lines") or []),
             launcher_log_path=(data.get("launcher_log") or {}).get("path"),
@@ -276,8 +293,35 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         environment=rank_environments(evidence),
         collective_benchmark=collective_benchmark(evidence),
         device_simulation=device_simulation(evidence),
+        interruption=interruption_of(evidence, analysis),
+        launch=observations.launch,
         framework=framework_of(evidence),
     )
+
+
+def interruption_of(evidence: Evidence, analysis: Analysis) -> Optional[dict]:
+    """The report's account of a stop signal: which, whose, when, what it cut off, where each rank was."""
+    stop = evidence.stop
+    if evidence.outcome != "interrupted" or stop is None:
+        return None
+    try:
+        number = int(signal.Signals[stop.signal or ""])
+    except KeyError:
+        number = int(signal.SIGTERM)
+    ranks = {}
+    for rank, state in sorted(stop.ranks.items()):
+        user = [f for f in state.stack if f.get("user")]
+        beat = state.heartbeat
+        ranks[str(rank)] = {"state": state.state, "waiting_in": state.waiting_in, "stalled_s": state.stalled_s,
+                            "steps": beat.steps if beat else None,
+                            "last_collective": beat.last_collective if beat else None,
+                            "where": user[-1] if user else None}
+    left_out = analysis.left_out
+    return {"signal": stop.signal, "exit_code": 128 + number, "rank": stop.signal_rank,
+            "during": "run" if any(ev.events for ev in evidence.ranks.values()) or evidence.unranked else "start-up",
+            "left_out": left_out.to_json() if left_out else None,
+            "left_out_summary": interruption.summary(left_out) if left_out else "",
+            "ranks": ranks}
 
 
 def write_json(report: Report, path: str) -> None:

@@ -7,7 +7,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from ddpdoctor.analysis import causality, suppression
+from ddpdoctor.analysis import causality, interruption, suppression
 from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_of
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.registry import LoadedCheck, load_checks
@@ -36,10 +36,15 @@ class Analysis:
     probe_errors: list[dict]
     suppressed: list[tuple[Finding, suppression.Suppression]] = field(default_factory=list)
     unused_suppressions: list[suppression.Suppression] = field(default_factory=list)
+    left_out: Optional[interruption.LeftOut] = None  # an interrupted run: what the stop cut off, not judged
 
 
 def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
             suppressions: Optional[list[suppression.Suppression]] = None) -> Analysis:
+    left_out = None
+    if evidence.outcome == "interrupted":  # before any fact is derived: no check sees the cut-off counts
+        left_out = interruption.leave_out_cut_off(evidence)
+        evidence.__dict__.pop("facts", None)
     outcomes = [_run_one(loaded, evidence) for loaded in (checks if checks is not None else load_checks())]
     raw = [f for o in outcomes for f in o.result.findings]
     roots, suppressed, unused = suppression.apply(causality.link(raw), suppressions or [])
@@ -59,7 +64,7 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
                               if ALL_CHECKS in p["checks"] or outcome.id in p["checks"]]
     ordered = sorted(roots, key=lambda f: -SEVERITY_ORDER[f.severity])
     return Analysis(outcomes=outcomes, findings=ordered, probe_errors=probe_errors, suppressed=suppressed,
-                    unused_suppressions=unused)
+                    unused_suppressions=unused, left_out=left_out)
 
 
 def select_checks(checks: list[LoadedCheck], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[LoadedCheck]:

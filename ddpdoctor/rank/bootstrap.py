@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: see rank/agent.py
 
-from ddpdoctor.rank import bounds, callsite, probes, tracebacks  # noqa: E402
+from ddpdoctor.rank import bounds, callsite, probes, teardown, tracebacks  # noqa: E402
 from ddpdoctor.rank.recorder import Recorder  # noqa: E402
 from ddpdoctor.rank.watchdog import Watchdog  # noqa: E402
 from ddpdoctor.schema import settings as rank_settings  # noqa: E402
@@ -58,6 +58,8 @@ class Session:
         self.rec.set_activity("exited")
         self.watchdog.stop()
         self.rec.close()
+        if self.rec.rank is not None:  # a process group existed: its worker threads must finish first
+            teardown.settle_backend_threads()
 
 
 def exit_code_of(exc: SystemExit) -> int:

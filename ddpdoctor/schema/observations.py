@@ -114,23 +114,26 @@ class StopSnapshot:
 
     ``reason``: "hang" (ranks wait in communication and none progresses), "no-progress" (no rank
     progressed for long, but not provably in a collective), "timeout" (--timeout), "interrupted"
-    (SIGINT/SIGTERM to ddpdoctor; ``signal`` names it).
+    (a stop signal reached ddpdoctor: Ctrl-C, SIGTERM, a scheduler's signal; ``signal`` names it,
+    ``signal_rank`` is the rank whose ddpdoctor got it when that was not the reporting process).
     """
 
     reason: str
     threshold_s: float
     ranks: dict = field(default_factory=dict)  # int rank -> RankState
     signal: Optional[str] = None
-    t: float = 0.0  # wall time of the decision: errors raised after it come from stopping the job
+    t: float = 0.0  # wall time of the decision (of the signal): errors raised after it come from stopping the job
+    signal_rank: Optional[int] = None
 
     def to_json(self) -> dict:
         return {"reason": self.reason, "threshold_s": self.threshold_s, "signal": self.signal, "t": self.t,
+                "signal_rank": self.signal_rank,
                 "ranks": {str(r): s.to_json() for r, s in sorted(self.ranks.items())}}
 
     @classmethod
     def from_json(cls, data: dict) -> "StopSnapshot":
         return cls(reason=data["reason"], threshold_s=float(data.get("threshold_s") or 0.0), signal=data.get("signal"),
-                   t=float(data.get("t") or 0.0),
+                   t=float(data.get("t") or 0.0), signal_rank=data.get("signal_rank"),
                    ranks={int(r): RankState.from_json(s) for r, s in (data.get("ranks") or {}).items()})
 
     def in_state(self, state: str) -> list[int]:
@@ -160,10 +163,15 @@ class Failure:
 class Observations:
     """Everything the supervisor side knows about the run besides the ranks' own events."""
 
-    outcome: str = "completed"  # completed | failed | hung | timeout
+    # completed | failed | hung | timeout | interrupted (a stop signal: Ctrl-C, SIGTERM, a scheduler's; the
+    # stop snapshot names it, and the counts it cut off are left out of the analysis)
+    outcome: str = "completed"
     world_size: int = 0
     nnodes: int = 1
     launch_mode: str = "torchrun"
+    # {"mode", "detected" (existing launch: "torchrun" | "slurm" | "environment"), "exported" (variables ddpdoctor
+    # set for the script), "scheduler" ({"name": "slurm", "job_id", "step_id", "nodes", "num_tasks", ...})}
+    launch: dict = field(default_factory=dict)
     failures: list = field(default_factory=list)  # [Failure]
     stop: Optional[StopSnapshot] = None
     timeout_s: Optional[float] = None
@@ -175,7 +183,7 @@ class Observations:
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
-                "launch_mode": self.launch_mode, "failures": [f.to_json() for f in self.failures],
+                "launch_mode": self.launch_mode, "launch": self.launch, "failures": [f.to_json() for f in self.failures],
                 "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
                 "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
                 "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls],
@@ -185,6 +193,7 @@ class Observations:
     def from_json(cls, data: dict) -> "Observations":
         return cls(outcome=data.get("outcome", "completed"), world_size=int(data.get("world_size") or 0),
                    nnodes=int(data.get("nnodes") or 1), launch_mode=data.get("launch_mode", "torchrun"),
+                   launch=dict(data.get("launch") or {}),
                    failures=[Failure.from_json(f) for f in data.get("failures") or []],
                    stop=StopSnapshot.from_json(data["stop"]) if data.get("stop") else None,
                    timeout_s=data.get("timeout_s"),

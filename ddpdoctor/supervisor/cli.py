@@ -5,6 +5,7 @@ Bad input ends with one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -179,7 +180,7 @@ def check(
     Defaults come from [tool.ddpdoctor] in the nearest pyproject.toml; the command line wins
     (--no-quiet, --no-plain, --no-github and --no-exit-zero undo a true there)."""
     from ddpdoctor.supervisor import display as displays
-    from ddpdoctor.supervisor import outputs, project_config
+    from ddpdoctor.supervisor import project_config
     from ddpdoctor.supervisor.config import RunConfig
     from ddpdoctor.supervisor.pipeline import NoEvidence, run
 
@@ -209,12 +210,18 @@ def check(
             keep_evidence=None if keep_evidence is None else str(keep_evidence), device=opts["device"],
             min_busbw_gbps=opts["min-busbw"])
         config.script_path()
-        config.checks()
+        if config.select or config.ignore:  # only they can name an unknown check (loading the checks costs every rank)
+            config.checks()
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
     plain = opts["plain"] or displays.is_plain()
     console, display = displays.for_terminal(plain=plain, show_output=config.show_output)
-    with outputs.github_command_guard(enabled=opts["github"]):  # the script cannot inject annotations
+    guard = contextlib.nullcontext()
+    if opts["github"]:  # the report's renderers are imported by the rank that reports, not by every rank
+        from ddpdoctor.supervisor import outputs
+
+        guard = outputs.github_command_guard(enabled=True)  # the script cannot inject annotations
+    with guard:
         try:
             report = run(config, display=display)
         except NoEvidence as exc:
@@ -225,10 +232,13 @@ def check(
             display.close()
     if report.role == "peer":  # a non-zero rank of an existing launch: rank 0 reports
         return report.exit_code()
+    from ddpdoctor.supervisor import outputs
+
     outputs.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
                       junit=opts["junit"], sarif=opts["sarif"], markdown=opts["markdown"], github=opts["github"],
                       html=opts["html"], trace=opts["trace"])
-    return 0 if opts["exit-zero"] else report.exit_code(opts["fail-on"])
+    interrupted = report.outcome == "interrupted"  # 128+signal even with --exit-zero: the run did not finish
+    return 0 if opts["exit-zero"] and not interrupted else report.exit_code(opts["fail-on"])
 
 
 def _show_launcher_log(display) -> None:
@@ -443,8 +453,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         _fail(str(exc))
     except (getattr(click_exceptions, "Exit", typer.Exit), typer.Exit) as exc:
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        _fail("interrupted")
+    except KeyboardInterrupt:  # before run() took over the signals (it turns them into a report)
+        sys.stderr.write("ddpdoctor: interrupted\n")
+        sys.exit(130)
     except Exception:  # ddpdoctor itself broke: exit 2, never 0 or 1, with the traceback to report
         traceback.print_exc()
         _fail("internal error (the traceback above); the job's processes were stopped")

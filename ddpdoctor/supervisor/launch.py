@@ -4,8 +4,9 @@
    port) start the rank bootstrap, which installs the probes and runs the script.
 2. spawn: a script that starts its own workers (torch.multiprocessing.spawn / start_processes) runs
    once under the bootstrap; the probes go into every worker it spawns.
-3. existing launch: under torchrun, srun or any launcher that set RANK and WORLD_SIZE, each rank's
-   ddpdoctor starts the bootstrap as one child process with the rank's own environment.
+3. existing launch: under torchrun or any launcher that set RANK and WORLD_SIZE, or as a task of
+   a multi-task Slurm step (slurm.py maps its variables), each rank's ddpdoctor starts the
+   bootstrap as one child process with the rank's own environment.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import socket
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, Optional
 
 from ddpdoctor.schema import settings
+from ddpdoctor.supervisor import slurm
 from ddpdoctor.supervisor.config import RunConfig
 
 SPAWN_CALLS = {"spawn", "start_processes"}
@@ -33,6 +35,63 @@ _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK", "MASTER_ADDR
                   "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")
 
 
+@dataclass(frozen=True)
+class ExistingLaunch:
+    """This process as one rank of a launch someone else made, and how that was detected."""
+
+    detected: str  # "torchrun" (TORCHELASTIC_* set), "slurm" (a multi-task srun step), "environment" (RANK, WORLD_SIZE)
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    agent_store: bool = False  # torchrun's agent store is there to use (TORCHELASTIC_USE_AGENT_STORE)
+    run_id: str = "default"
+    exported: dict = field(default_factory=dict)  # variables ddpdoctor sets for the script (Slurm's mapping)
+    num_nodes: Optional[int] = None  # what the launcher says (torchrun's GROUP_WORLD_SIZE, the step's nodes)
+
+    @property
+    def nnodes(self) -> int:
+        return self.num_nodes or max(1, self.world_size // max(1, self.local_world_size))
+
+
+def existing_launch(env: Mapping[str, str] = os.environ) -> Optional[ExistingLaunch]:
+    """This process as a rank of someone else's launch, None when ddpdoctor launches the ranks.
+
+    Variables a launcher set (RANK, WORLD_SIZE...) win over Slurm's, so `srun torchrun ... -m
+    ddpdoctor check` is a torchrun launch; a rank of a job ddpdoctor launched is never one."""
+    if settings.ACTIVE in env:
+        return None
+    run_id = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID") or "default"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        try:
+            world_size = int(env["WORLD_SIZE"])
+            return ExistingLaunch(
+                detected="torchrun" if "TORCHELASTIC_RUN_ID" in env else "environment", rank=int(env["RANK"]),
+                world_size=world_size, local_rank=int(env.get("LOCAL_RANK") or 0),
+                local_world_size=int(env.get("LOCAL_WORLD_SIZE") or world_size),
+                node_rank=int(env.get("GROUP_RANK") or 0), master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+                master_port=int(env.get("MASTER_PORT") or 29500),
+                agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True", run_id=run_id,
+                num_nodes=int(env["GROUP_WORLD_SIZE"]) if env.get("GROUP_WORLD_SIZE") else None)
+        except ValueError as exc:
+            raise ValueError(f"RANK/WORLD_SIZE/LOCAL_RANK/MASTER_PORT must be integers: {exc}") from None
+    step = slurm.detect(env)
+    if step is None:
+        return None
+    return ExistingLaunch(detected="slurm", rank=step.rank, world_size=step.world_size, local_rank=step.local_rank,
+                          local_world_size=step.local_world_size, node_rank=step.node_rank,
+                          master_addr=step.master_addr, master_port=step.master_port, run_id=run_id,
+                          exported=step.variables(), num_nodes=len(step.nodes) or None)
+
+
+def inside_existing_launch(env: Mapping[str, str] = os.environ) -> bool:
+    """Under a launcher that already made this process a rank (and not inside a job we launched)."""
+    return existing_launch(env) is not None
+
+
 @dataclass
 class LaunchPlan:
     mode: str  # "torchrun" | "spawn" | "existing-launch"
@@ -41,11 +100,8 @@ class LaunchPlan:
     env_per_command: list[dict] = field(default_factory=list)
     agent_outputs: list[str] = field(default_factory=list)
     world_size: int = 0  # 0: known only once the ranks start (spawn)
-
-
-def inside_existing_launch(env: Mapping[str, str] = os.environ) -> bool:
-    """Under a launcher that already made this process a rank (and not inside a job we launched)."""
-    return "RANK" in env and "WORLD_SIZE" in env and settings.ACTIVE not in env
+    existing: Optional[ExistingLaunch] = None  # mode "existing-launch": this rank and its launcher
+    scheduler: Optional[dict] = None  # the cluster job this runs in (Slurm: job id, step, nodes), for the report
 
 
 def free_port() -> int:
@@ -70,8 +126,8 @@ def uses_own_spawn(script: str) -> bool:
     return False
 
 
-def choose_mode(config: RunConfig, script: str) -> str:
-    if inside_existing_launch():
+def choose_mode(config: RunConfig, script: str, existing: Optional[ExistingLaunch] = None) -> str:
+    if existing is not None:
         return "existing-launch"
     if config.launch != "auto":
         return config.launch
@@ -95,15 +151,19 @@ def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool)
     return env
 
 
-def build_plan(config: RunConfig, script: str, evidence_dir: str) -> LaunchPlan:
-    mode = choose_mode(config, script)
+def build_plan(config: RunConfig, script: str, evidence_dir: str, *,
+               existing: Optional[ExistingLaunch] = None) -> LaunchPlan:
+    mode = choose_mode(config, script, existing)
     bootstrap = [sys.executable, BOOTSTRAP, script, *config.script_args]
-    if mode == "existing-launch":
-        return LaunchPlan(mode=mode, commands=[bootstrap], world_size=int(os.environ["WORLD_SIZE"]),
-                          env=_rank_env(config, evidence_dir, keep_launcher_vars=True))
+    scheduler = slurm.job(os.environ)
+    if existing is not None:
+        env = _rank_env(config, evidence_dir, keep_launcher_vars=True)
+        env.update(existing.exported)
+        return LaunchPlan(mode=mode, commands=[bootstrap], world_size=existing.world_size, env=env, existing=existing,
+                          scheduler=scheduler)
     env = _rank_env(config, evidence_dir, keep_launcher_vars=False)
     if mode == "spawn":
-        return LaunchPlan(mode=mode, commands=[bootstrap], env=env)
+        return LaunchPlan(mode=mode, commands=[bootstrap], env=env, scheduler=scheduler)
     port = free_port()
     run_id = f"ddpdoctor-{uuid.uuid4().hex[:8]}"
     commands, outputs = [], []
@@ -126,4 +186,4 @@ def build_plan(config: RunConfig, script: str, evidence_dir: str) -> LaunchPlan:
         outputs.append(out)
     return LaunchPlan(mode=mode, commands=commands, env=env, agent_outputs=outputs,
                       env_per_command=[{settings.AGENT: str(node)} for node in range(config.nnodes)],
-                      world_size=config.nproc_per_node * config.nnodes)
+                      world_size=config.nproc_per_node * config.nnodes, scheduler=scheduler)

@@ -7,8 +7,6 @@ must stop, with every rank's state, and the pipeline stops them.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
@@ -17,6 +15,7 @@ from ddpdoctor.schema.observations import Heartbeat, RankState, StackDump, StopS
 from ddpdoctor.supervisor.display import Display
 from ddpdoctor.supervisor.hang import HangDetector, classify
 from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.signals import StopSignals
 from ddpdoctor.supervisor.transport import Transport
 
 POLL_S = 0.5  # heartbeats are written every 0.5 s
@@ -39,7 +38,7 @@ class MonitorResult:
 class Monitor:
     def __init__(self, *, transport: Transport, display: Display, router: OutputRouter,
                  hang_timeout_s: Optional[float], timeout_s: Optional[float], world_size: int = 0,
-                 detect_hangs: bool = True) -> None:
+                 detect_hangs: bool = True, signals: Optional[StopSignals] = None) -> None:
         self.transport = transport
         self.display = display
         self.router = router
@@ -47,28 +46,23 @@ class Monitor:
         self.timeout_s = timeout_s
         self.world_size = world_size
         self.detect_hangs = detect_hangs
-        self._signal: Optional[int] = None
+        self.signals = signals or StopSignals()  # the pipeline's, installed for the whole run
         self._beats: dict[int, Heartbeat] = {}
         self._last_poll = 0.0
 
     def watch(self, job: Job) -> MonitorResult:
-        handlers = self._install_signal_handlers()
         try:
             return self._watch(job)
         finally:
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
             self.router.route(job.drain())
 
-    def _install_signal_handlers(self) -> dict:
-        if threading.current_thread() is not threading.main_thread():
-            return {}  # called from a thread (the Python API): the caller owns the signals
-        return {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _on_signal(self, signum: int, frame) -> None:
-        if self._signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for stacks, clean up now
-        self._signal = signum
+    def _interrupted(self, *, ask_peers: bool) -> Optional[tuple[str, float, Optional[int]]]:
+        """(signal name, wall time, the rank whose ddpdoctor got it, None for this process) once a
+        stop signal reached this process or (inside an existing launch, at poll time) a peer's."""
+        if self.signals.received is not None:
+            return self.signals.name or "", self.signals.received_at, None
+        peer = getattr(self.transport, "interrupted", None) if ask_peers else None
+        return peer() if peer is not None else None
 
     def _watch(self, job: Job) -> MonitorResult:
         result = MonitorResult()
@@ -78,11 +72,13 @@ class Monitor:
         stall: Optional[StopSnapshot] = None
         while True:
             self.router.route(job.drain())
-            if job.finished():
-                break
-            time.sleep(0.05)
+            interrupted = self._interrupted(ask_peers=False)
+            if job.finished() and interrupted is None:
+                break  # a signal that ended the ranks before this loop saw it still makes the run interrupted
+            if interrupted is None:
+                time.sleep(0.05)
             now = time.monotonic()
-            if now - self._last_poll < POLL_S and self._signal is None:
+            if now - self._last_poll < POLL_S and interrupted is None:
                 continue
             self._last_poll = now
             if now - last_tracked > TRACK_S:
@@ -90,10 +86,16 @@ class Monitor:
                 last_tracked = now
             beats = self._poll(now)
             live = {r: b for r, b in beats.items() if self.transport.alive(b)}
-            if self._signal is not None:
-                name = signal.Signals(self._signal).name
-                self.display.notice(f"received {name}: stopping every rank")
+            interrupted = interrupted or self._interrupted(ask_peers=True)
+            if interrupted is not None:
+                name, at, rank = interrupted
+                by = "" if rank is None else f" (sent to rank {rank})"
+                self.display.notice(f"received {name}{by}: stopping every rank")
+                self.router.route(job.drain())
+                self.router.muted = True  # what the ranks print while being stopped is noise (kept in the tails)
                 result.stop = self._snapshot("interrupted", live, now, signal_name=name)
+                result.stop.t = at  # what ranks raise or print from here on is the stop's doing
+                result.stop.signal_rank = rank
                 break
             if self.timeout_s is not None and now - started > self.timeout_s:
                 self.display.notice(f"--timeout {self.timeout_s:g}s expired: stopping every rank")
@@ -134,6 +136,9 @@ class Monitor:
             stall = snapshot
         if stall is not None:
             result.stalls.append(stall)
+        if result.stop is not None:
+            self.router.route(job.drain())
+            self.router.muted = True  # what the ranks print while ddpdoctor stops them is noise (kept in the tails)
         return result
 
     def _poll(self, now: float) -> dict[int, Heartbeat]:

@@ -47,6 +47,7 @@ class OutputRouter:
         self.tails: dict[int, collections.deque] = {}
         self.launcher_log: collections.deque = collections.deque(maxlen=LAUNCHER_LINES)
         self._rank_of: dict[tuple[int, int], int] = {}
+        self.muted = False  # set once ddpdoctor stops the job on a signal: what ranks print then is the stop's doing
 
     def learn(self, beats: dict[int, Heartbeat]) -> None:
         for rank, beat in beats.items():
@@ -70,7 +71,8 @@ class OutputRouter:
                 if hook and int(hook.group(1)) == rank:
                     line = line[hook.end():]
                 self.tails.setdefault(rank, collections.deque(maxlen=TAIL_LINES)).append(line)
-            self.sink.output(rank, line)
+            if not self.muted:
+                self.sink.output(rank, line)
 
     def _launcher(self, line: str) -> None:
         self.launcher_log.append(line)

@@ -13,21 +13,23 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ddpdoctor import __version__
-from ddpdoctor.analysis.evidence import Evidence, no_cyclic_gc, parse_lines
-from ddpdoctor.analysis.report import Report, build_report
-from ddpdoctor.analysis.runner import analyze
-from ddpdoctor.analysis.suppression import scan_files
 from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
 from ddpdoctor.supervisor import launch
 from ddpdoctor.supervisor.config import RunConfig
 from ddpdoctor.supervisor.display import Display, NullDisplay
 from ddpdoctor.supervisor.jobs import SubprocessJob
 from ddpdoctor.supervisor.monitor import Monitor, MonitorResult
+from ddpdoctor.supervisor.node import NodeDir
 from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.signals import StopSignals, exit_code_for, signal_number
 from ddpdoctor.supervisor.transport import Collected, FileTransport, read_json
+
+if TYPE_CHECKING:
+    from ddpdoctor.analysis.evidence import Evidence
+    from ddpdoctor.analysis.report import Report
 
 __all__ = ["run", "NoEvidence"]
 
@@ -36,21 +38,30 @@ class NoEvidence(RuntimeError):
     """The job produced no evidence at all: torchrun or the bootstrap could not start."""
 
 
-def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
-    """Run the job ``config`` describes under ddpdoctor's probes and return the report."""
+def run(config: RunConfig, *, display: Optional[Display] = None) -> "Report":
+    """Run the job ``config`` describes under ddpdoctor's probes and return the report.
+
+    A stop signal (Ctrl-C, SIGTERM, a scheduler's) at any point before the job ends, start-up
+    included, stops every rank and returns a report with outcome "interrupted" (signals.py)."""
     display = display or NullDisplay()
+    with StopSignals() as signals:
+        return _run(config, display, signals)
+
+
+def _run(config: RunConfig, display: Display, signals: StopSignals) -> "Report":
     script = config.script_path()
     started = time.monotonic()
+    existing = launch.existing_launch()
+    if existing is not None:
+        return _run_in_existing_launch(config, existing, script, display, started, signals)
     evidence_dir = tempfile.mkdtemp(prefix="ddpdoctor-")
     try:
         plan = launch.build_plan(config, script, evidence_dir)
-        if plan.mode == "existing-launch":
-            return _run_in_existing_launch(config, plan, script, evidence_dir, display, started)
         job = SubprocessJob(plan.commands, plan.env, env_per_command=plan.env_per_command)
         router = OutputRouter(display, nproc_per_node=config.nproc_per_node)
         transport = FileTransport(evidence_dir)
         monitor = Monitor(transport=transport, display=display, router=router, hang_timeout_s=config.hang_timeout_s,
-                          timeout_s=config.timeout_s, world_size=plan.world_size)
+                          timeout_s=config.timeout_s, world_size=plan.world_size, signals=signals)
         job.start()
         try:
             result = monitor.watch(job)
@@ -68,61 +79,59 @@ def run(config: RunConfig, *, display: Optional[Display] = None) -> Report:
         shutil.rmtree(evidence_dir, ignore_errors=True)
 
 
-def _run_in_existing_launch(config: RunConfig, plan: launch.LaunchPlan, script: str, evidence_dir: str,
-                            display: Display, started: float) -> Report:
-    from ddpdoctor.supervisor.store import StoreRelay, StoreTransport, WorldJob, connect
+def _run_in_existing_launch(config: RunConfig, existing: launch.ExistingLaunch, script: str, display: Display,
+                            started: float, signals: StopSignals) -> "Report":
+    from ddpdoctor.supervisor import existing as ranks
 
-    rank, world_size = int(os.environ["RANK"]), plan.world_size
-    store = connect(rank, world_size)
-    child = SubprocessJob(plan.commands, plan.env)
-    router = OutputRouter(display, nproc_per_node=1, fixed_rank=rank)
-    relay = StoreRelay(store, rank, FileTransport(evidence_dir), child)
-    child.start()
-    relay.start()
+    node = ranks.evidence_directory(existing)
     try:
-        if rank != 0:
-            # Rank 0 judges hangs for the whole job; here only output and signals are handled.
-            result = Monitor(transport=FileTransport(evidence_dir), display=display, router=router,
-                             hang_timeout_s=None, timeout_s=None, detect_hangs=False).watch(child)
-        else:
-            transport = StoreTransport(store, world_size)
-            monitor = Monitor(transport=transport, display=display, router=router, world_size=world_size,
-                              hang_timeout_s=config.hang_timeout_s, timeout_s=config.timeout_s)
-            result = monitor.watch(WorldJob(child, transport))
-            if result.stop is not None:
-                transport.abort()
-    finally:
-        child.stop()
-        router.route(child.drain())
-    code = child.exit_codes[0] if child.exit_codes and child.exit_codes[0] is not None else 1
-    relay.finish(exit_code=code if code >= 0 else 128 - code, tail=router.tail_lists().get(rank, []))
-    if rank != 0:
+        plan = launch.build_plan(config, script, node.directory, existing=existing)
+        run = ranks.run_rank(plan, node, display=display, signals=signals, hang_timeout_s=config.hang_timeout_s,
+                             timeout_s=config.timeout_s)
+    except BaseException:
+        if not node.shared:
+            NodeDir(node.directory).remove()
+        raise
+    if existing.rank != 0:
+        from ddpdoctor.analysis.report import Report
+
         # Once rank 0 holds this rank's evidence, its report and exit code speak for the whole job;
-        # exiting 0 here keeps a launcher from stopping rank 0 while it writes the report.
-        reported = relay.wait_for_report()
+        # exiting 0 here keeps a launcher from stopping rank 0 while it writes the report. A stop
+        # signal makes every task exit 128+signal, so a scheduler sees each one interrupted.
+        stop = run.result.stop
+        if stop is not None and stop.reason == "interrupted":
+            outcome, exit_code = "interrupted", exit_code_for(signal_number(stop.signal or "") or 15)
+        else:
+            outcome, exit_code = ("completed" if run.exit_code == 0 else "failed"), (0 if run.reported else run.exit_code)
         return Report(version=__version__, script=None if config.is_reference else script,
-                      argv=list(config.script_args), world_size=world_size, nnodes=1, backend="", device="",
-                      outcome="completed" if code == 0 else "failed", duration_s=time.monotonic() - started,
-                      launch_mode=plan.mode, role="peer",
-                      peer_exit_code=0 if reported else (code if code >= 0 else 128 - code))
-    collected = transport.collect()
-    _keep_evidence(config, evidence_dir, collected)
+                      argv=list(config.script_args), world_size=existing.world_size, nnodes=existing.nnodes,
+                      backend="", device="", outcome=outcome, duration_s=time.monotonic() - started,
+                      launch_mode=plan.mode, role="peer", peer_exit_code=exit_code)
+    assert run.collected is not None
+    _keep_evidence(config, node.directory, run.collected)
     try:
-        return _report(config, plan, script, collected, result,
-                       failed=bool(collected.failures or collected.missing_ranks), started=started)
+        return _report(config, plan, script, run.collected, run.result,
+                       failed=bool(run.collected.failures or run.collected.missing_ranks), started=started)
     finally:
-        transport.reported()  # after the report is built: the caller renders and writes it at once
+        ranks.finish_rank_zero(run, node)  # after the report is built: the caller renders and writes it at once
 
 
 def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: Collected, result: MonitorResult, *,
-            failed: bool, started: float) -> Report:
-    if not any(collected.processes):
+            failed: bool, started: float) -> "Report":
+    interrupted = result.stop is not None and result.stop.reason == "interrupted"
+    if not any(collected.processes) and not interrupted:  # stopped during start-up: still a report, "interrupted"
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
-        launch_mode=plan.mode, failures=collected.failures, stop=result.stop, timeout_s=config.timeout_s,
+        launch_mode=plan.mode, launch=_launch_info(plan), failures=collected.failures, stop=result.stop,
+        timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
         min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
+    from ddpdoctor.analysis.evidence import Evidence, no_cyclic_gc, parse_lines  # the analysis side: rank 0 only
+    from ddpdoctor.analysis.report import build_report
+    from ddpdoctor.analysis.runner import analyze
+    from ddpdoctor.analysis.suppression import scan_files
+
     checks = config.checks()  # first: plugins register their event kinds before the evidence is read
     pool: dict[str, str] = {}  # one copy of the fingerprints replicas share
     with no_cyclic_gc():
@@ -134,7 +143,7 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
                             duration_s=time.monotonic() - started)
 
 
-def _source_files(evidence: Evidence, script: str) -> set[str]:
+def _source_files(evidence: "Evidence", script: str) -> set[str]:
     """The user's files findings can point at: the script and every file in a recorded call site."""
     files = {script}
     for ev in evidence.ranks.values():
@@ -150,16 +159,23 @@ def _source_files(evidence: Evidence, script: str) -> set[str]:
 def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> str:
     if stop is None:
         return "failed" if failed else "completed"
-    return {"hang": "hung", "no-progress": "hung", "timeout": "timeout"}.get(stop.reason, "failed")
+    return {"hang": "hung", "no-progress": "hung", "timeout": "timeout",
+            "interrupted": "interrupted"}.get(stop.reason, "failed")
 
 
 def _nnodes(config: RunConfig, plan: launch.LaunchPlan) -> int:
-    if plan.mode != "existing-launch":
-        return config.nnodes
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")) // int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        return 1
+    return plan.existing.nnodes if plan.existing is not None else config.nnodes
+
+
+def _launch_info(plan: launch.LaunchPlan) -> dict:
+    """For the report: the mode, how an existing launch was detected, and the cluster job."""
+    info: dict = {"mode": plan.mode}
+    if plan.existing is not None:
+        info["detected"] = plan.existing.detected
+        info["exported"] = sorted(plan.existing.exported)
+    if plan.scheduler is not None:
+        info["scheduler"] = plan.scheduler
+    return info
 
 
 def _agent_failures(paths: list[str]) -> list[Failure]:

@@ -19,8 +19,51 @@ def _stat(pid: int) -> Optional[tuple[int, int, str]]:
     return int(fields[1]), int(fields[19]), fields[0]
 
 
+def start_time(pid: int) -> Optional[int]:
+    """When ``pid`` started (clock ticks since boot): with the pid, names one process for good."""
+    info = _stat(pid)
+    return info[1] if info else None
+
+
+def _children(pid: int) -> Optional[list[int]]:
+    """The children of every thread of ``pid`` (None where the kernel has no children files)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.extend(int(child) for child in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{task}"):
+                continue  # the thread ended meanwhile
+            return None  # no CONFIG_PROC_CHILDREN
+        except OSError:
+            continue
+    return found
+
+
 def descendants(root: int) -> dict[int, int]:
-    """{pid: start time} of every live descendant of ``root``."""
+    """{pid: start time} of every live descendant of ``root``: a walk down the tree through the
+    kernel's children files (cheap: every rank's supervisor does it every few seconds), or a scan
+    of every process where those files do not exist."""
+    found: dict[int, int] = {}
+    stack = [root]
+    while stack:
+        children = _children(stack.pop())
+        if children is None:
+            return _scan_descendants(root)
+        for child in children:
+            start = start_time(child)
+            if start is not None and child not in found:
+                found[child] = start
+                stack.append(child)
+    return found
+
+
+def _scan_descendants(root: int) -> dict[int, int]:
     children: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
     for entry in os.listdir("/proc"):

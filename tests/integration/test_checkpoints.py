@@ -58,9 +58,12 @@ def test_checkpoint_bytes_are_identical_with_and_without_ddpdoctor(tmp_path, run
     plain_dir.mkdir()
     probed_dir.mkdir()
     args = ["--epochs", "1", "--num-samples", "1024"]
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                    str(FIXTURES / "reference.py"), *args, "--checkpoint-dir", str(plain_dir)],
-                   cwd=tmp_path, check=True, capture_output=True, timeout=180)
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            str(FIXTURES / "reference.py"), *args, "--checkpoint-dir", str(plain_dir)],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    # Plain torch 2.13 sometimes aborts in gloo's teardown after the script finished (ddpdoctor's
+    # bootstrap avoids it: rank/teardown.py); the checkpoint is written by then.
+    assert plain.returncode == 0 or "terminate called without an active exception" in plain.stderr, plain.stderr[-3000:]
     run = run_check("reference.py", script_args=(*args, "--checkpoint-dir", str(probed_dir)))
     assert run.returncode == 0, run.output[-3000:]
     assert os.listdir(plain_dir) == os.listdir(probed_dir) == ["checkpoint.pt"]

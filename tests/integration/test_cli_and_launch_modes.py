@@ -96,7 +96,7 @@ def test_spawn_mode_catches_a_bug_in_the_workers(run_check, tmp_path):
 def test_inside_an_existing_torchrun_launch(tmp_path):
     report = tmp_path / "report.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
          str(FIXTURES / "bad_set_epoch.py"), "--json", str(report), "--plain"],
         cwd=tmp_path, capture_output=True, text=True, timeout=240)
     data = json.loads(report.read_text())
@@ -110,7 +110,7 @@ def test_hang_inside_an_existing_launch_goes_through_the_store(tmp_path):
     report = tmp_path / "report.json"
     evidence = tmp_path / "evidence"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
          str(FIXTURES / "hang_barrier_rank0.py"), "--hang-timeout", "5", "--json", str(report), "--plain", "-q",
          "--keep-evidence", str(evidence)],
         cwd=tmp_path, capture_output=True, text=True, timeout=240)

@@ -4,6 +4,7 @@ same diagnosis whether ddpdoctor launches the job or runs inside an existing tor
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -39,7 +40,10 @@ def test_run_returns_a_report_without_importing_torch_or_leaving_state(tmp_path)
                                if n.startswith("ddpdoctor-")),
         }}))
     """)
-    proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    private_tmp = tmp_path / "tmp"  # other jobs on this machine make their own ddpdoctor-* directories in /tmp
+    private_tmp.mkdir()
+    proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(private_tmp)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"torch_before": False, "torch_after": False, "outcome": "completed", "exit_code": 1,
@@ -48,7 +52,7 @@ def test_run_returns_a_report_without_importing_torch_or_leaving_state(tmp_path)
 
 def _inside_torchrun(tmp_path, fixture: str, *options: str) -> dict:
     report = tmp_path / f"inside-{fixture}.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "ddpdoctor",
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor",
                     "check", str(FIXTURES / fixture), "--json", str(report), "--plain", *options],
                    cwd=tmp_path, capture_output=True, text=True, timeout=240)
     return json.loads(report.read_text())

@@ -193,13 +193,27 @@ def test_timeout_without_failure_is_reported_as_an_unfinished_job():
     assert "--timeout 5s" in finding.message
 
 
-def test_interrupted_job_without_failure_is_a_warning():
-    evidence = make_evidence(2, trained(2), outcome="failed",
-                             stop=stop_snapshot({}, {}, reason="interrupted", signal="SIGINT"))
+def test_an_interrupted_job_is_no_failure_and_its_keyboard_interrupts_are_not_blamed():
+    evidence = make_evidence(2, merge(trained(2), {
+        0: [exception("KeyboardInterrupt", "", t=50.0, step=3)],
+        1: [exception("RuntimeError", "[gloo] Connection closed by peer [10.0.0.2]:1234", t=49.5, step=3),
+            sys_exit(130, t=50.2)],
+    }), outcome="interrupted", stop=stop_snapshot({}, {}, reason="interrupted", signal="SIGINT"),
+        failures=[failure(0, exitcode=-2, signal="SIGINT"), failure(1, exitcode=143)])
+    evidence.stop.t = 50.0
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.summary == "no rank failed before SIGINT interrupted the run"
+
+
+def test_a_failure_before_the_interrupt_is_still_reported():
+    evidence = make_evidence(2, merge(trained(2), {1: [exception("ValueError", "bad batch", t=10.0, step=3)],
+                                                   0: [exception("KeyboardInterrupt", "", t=50.0, step=3)]}),
+                             outcome="interrupted", stop=stop_snapshot({}, {}, reason="interrupted", signal="SIGTERM"))
+    evidence.stop.t = 50.0
     finding = only_finding(analyze(evidence))
-    assert finding.severity == "warning"
-    assert finding.ranks == (0, 1)
-    assert "SIGINT" in finding.message
+    assert finding.ranks == (1,)
+    assert "ValueError" in finding.message
 
 
 # -- one cause, decoded --------------------------------------------------------------------------------
@@ -267,3 +281,14 @@ def test_only_peer_symptoms_say_so():
     finding = only_finding(analyze(evidence))
     assert finding.evidence["secondary_only"] is True
     assert "no rank reported an error of its own" in finding.message
+
+
+def test_a_signal_after_the_script_finished_is_a_teardown_crash_not_the_scripts():
+    from builders import exit_event
+
+    evidence = make_evidence(2, {0: [exit_event(0)], 1: [exit_event(0)]}, outcome="failed",
+                             failures=[failure(1, exitcode=-6, signal="SIGABRT")])
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "warning" and finding.ranks == (1,)
+    assert "after the script had finished cleanly" in finding.message
+    assert evidence.facts.failures == []

@@ -265,6 +265,55 @@ def _check_cells(check: dict) -> tuple[Text, Text, Text]:
             Text(summary, style="dim" if status in ("pass", "skip") else style if status == "consequence" else ""))
 
 
+def launch_line(launch: dict) -> Optional[str]:
+    """How the ranks were launched, when someone else launched them: the launcher, the Slurm job."""
+    scheduler = launch.get("scheduler") or {}
+    detected = launch.get("detected")
+    if not detected and not scheduler:
+        return None
+    parts = []
+    if scheduler.get("name") == "slurm":
+        nodes = scheduler.get("nodes") or []
+        parts.append(f"Slurm job {scheduler.get('job_id')}"
+                     + (f", step {scheduler['step_id']}" if scheduler.get("step_id") is not None else "")
+                     + (f", {scheduler['num_tasks']} task(s)" if scheduler.get("num_tasks") else "")
+                     + (f" on {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}" if nodes else ""))
+    how = {"slurm": "a task of the srun step is a rank (" + ", ".join(launch.get("exported") or []) + " set from SLURM_*)",
+           "torchrun": "inside torchrun", "environment": "inside a launch that set RANK and WORLD_SIZE"}.get(detected or "")
+    if how:
+        parts.append(how)
+    return "launch: " + "; ".join(parts)
+
+
+def _nodes_table(ranks: list[dict]) -> Table:
+    """One row per node: its host and its ranks (local ranks in brackets)."""
+    nodes: dict = {}
+    for rank in ranks:
+        nodes.setdefault((rank.get("node"), rank.get("host")), []).append(rank)
+    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
+    for column in ("node", "host", "ranks (local rank)"):
+        table.add_column(column)
+    for (node, host), members in sorted(nodes.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1] or "")):
+        table.add_row("-" if node is None else str(node), host or "?",
+                      ", ".join(f"{r['rank']} ({r.get('local_rank')})" for r in sorted(members, key=lambda r: r["rank"])))
+    return table
+
+
+def _render_interruption(console: Console, interruption: dict, sources: dict, *, plain: bool) -> None:
+    """Which signal stopped the run, what the checks did not judge, where each rank was."""
+    who = f" (sent to rank {interruption['rank']})" if interruption.get("rank") is not None else ""
+    if interruption.get("during") == "start-up":
+        console.print(Text(f"interrupted by {interruption.get('signal')}{who} during start-up, before any rank "
+                           "ran the script: nothing to check", style="bold"))
+        return
+    left = interruption.get("left_out_summary")
+    console.print(Text(f"interrupted by {interruption.get('signal')}{who}: the checks judged what every rank completed "
+                       "before it" + (f" (left out: {left})" if left else ""), style="bold"))
+    view = _ranks_view(interruption.get("ranks") or {}, sources, plain=plain, width=max(60, console.width - 8))
+    if view is not None:
+        console.print(Padding(view, (0, 0, 0, 4), expand=False))
+
+
 def render(console: Console, report: Report, *, plain: bool, fail_on: str = "warning") -> None:
     data = report.to_json()
     console.print()
@@ -280,12 +329,11 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     simulation = device_simulation_line(report.device_simulation)
     if simulation:
         console.print(Text(simulation))
-    if data["nnodes"] > 1:
-        by_node: dict = {}
-        for rank in data.get("ranks", []):
-            by_node.setdefault(rank.get("node"), []).append(f"{rank['rank']} (local {rank.get('local_rank')})")
-        console.print(Text("nodes: " + "; ".join(f"node {n}: ranks {', '.join(r)}" for n, r in sorted(
-            by_node.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))))
+    launched = launch_line(data.get("launch") or {})
+    if launched:
+        console.print(Text(launched))
+    if data["nnodes"] > 1 or len({r.get("host") for r in data.get("ranks", [])}) > 1:
+        console.print(Padding(_nodes_table(data.get("ranks", [])), (0, 0, 0, 1), expand=False))
     checks = [{**c, "consequence_of": consequence_of(c, data["findings"])} for c in data["checks"]]
     if plain:
         for check in checks:
@@ -309,6 +357,8 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
         console.print(Text(f"run cut on purpose after {cut['at']} {unit} (--{cut['reason']}): the checks judged "
                            "what ran until then"))
     sources = data.get("sources") or {}
+    if data.get("interruption"):
+        _render_interruption(console, data["interruption"], sources, plain=plain)
     for finding in data["findings"]:
         _render_finding(console, finding, plain=plain, sources=sources)
     for entry in data.get("suppressed", []):
@@ -334,6 +384,11 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
 def verdict(report: Report, fail_on: str = "warning") -> str:
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in ("error", "warning", "info")}
     tally = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
+    if report.outcome == "interrupted":
+        signal = (report.interruption or {}).get("signal") or "a signal"
+        if (report.interruption or {}).get("during") == "start-up":
+            return f"verdict: INTERRUPTED by {signal} during start-up: nothing was checked"
+        return f"verdict: INTERRUPTED by {signal}: {tally} in what ran before it"
     if report.exit_code(fail_on):
         return f"verdict: NOT OK: {tally}"
     if counts["error"] or counts["warning"]:

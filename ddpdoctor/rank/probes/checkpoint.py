@@ -9,10 +9,12 @@ identical per-rank copies from distinct per-rank state. Nothing the script write
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import os
+import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,6 +24,7 @@ from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import DistributedCheckpoint, Load, Save
 
 PROBE = "checkpoint"
+DCP = "torch.distributed.checkpoint"
 
 _inside = threading.local()  # set while a save/load (or a DCP call) is running: inner calls are its own
 MAX_TENSORS = 10_000
@@ -84,7 +87,55 @@ def module_prefixed(obj: Any) -> bool:
     return any(module_prefixed(obj[k]) for k in STATE_KEYS if isinstance(obj.get(k), dict))
 
 
-def install(rec: Recorder) -> None:
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``callback(module)`` once ``name`` has been imported (then leaves sys.meta_path).
+
+    It finds nothing itself: it asks the other finders for the module's spec and wraps that
+    loader's ``exec_module`` once, so the callback runs on the fully executed module."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        self.remove()
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)
+            spec = find_spec(fullname, path, target) if find_spec is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = getattr(loader, "exec_module", None)
+        if original is None:
+            return spec
+        callback = self.callback
+
+        def exec_module(module: Any) -> None:
+            try:
+                original(module)
+            finally:
+                loader.__dict__.pop("exec_module", None)  # the loader as it was, module.__loader__ included
+            try:
+                callback(module)
+            except Exception:
+                pass  # a probe never breaks the script's import
+
+        try:
+            loader.exec_module = exec_module  # this loader instance only, until it ran
+        except (AttributeError, TypeError):
+            return spec  # a loader that takes no attributes: the module stays unpatched, as it would be
+        return spec
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+def install(rec: Recorder) -> Optional[Callable[[], None]]:
     def wrap_save(original):
         def save(obj, f, *args, **kwargs):
             if getattr(_inside, "active", False):
@@ -159,10 +210,22 @@ def install(rec: Recorder) -> None:
     for owner in (torch, torch.serialization):
         patch(rec, PROBE, owner, "save", wrap_save)
         patch(rec, PROBE, owner, "load", wrap_load)
-    try:
-        import torch.distributed.checkpoint as dcp
-    except ImportError:
-        return
-    for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
-        if hasattr(dcp, name):  # the deprecated *_state_dict names may be gone
-            patch(rec, PROBE, dcp, name, wrap_dcp(name))
+
+    def patch_dcp(dcp: Any) -> None:
+        for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
+            if hasattr(dcp, name):  # the deprecated *_state_dict names may be gone
+                patch(rec, PROBE, dcp, name, wrap_dcp(name))
+
+    # Importing torch.distributed.checkpoint costs every rank about half a CPU second (it pulls in
+    # DTensor and torch.distributed.elastic) that a script without DCP never pays: patch it when the
+    # script imports it, not before.
+    if DCP in sys.modules:
+        patch_dcp(sys.modules[DCP])
+        return None
+    def on_import(module: Any) -> None:
+        with rec.guard(PROBE, DCP):
+            patch_dcp(module)
+
+    hook = AfterImport(DCP, on_import)
+    sys.meta_path.insert(0, hook)
+    return hook.remove

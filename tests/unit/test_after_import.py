@@ -1,0 +1,70 @@
+"""The checkpoint probe patches torch.distributed.checkpoint only once the script imports it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from ddpdoctor.rank.probes.checkpoint import AfterImport
+
+
+def _package(tmp_path, name: str) -> None:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("def save():\n    return 'original'\n")
+    (tmp_path / name / "sub.py").write_text("from . import save\n")
+
+
+def test_the_callback_runs_on_the_executed_module_and_the_hook_leaves(tmp_path, monkeypatch):
+    _package(tmp_path, "fake_dcp_a")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def patch(module):
+        seen.append(module.save())
+        module.save = lambda: "patched"
+
+    hook = AfterImport("fake_dcp_a", patch)
+    sys.meta_path.insert(0, hook)
+    try:
+        from fake_dcp_a import save  # the patch is in before the name is bound
+        assert seen == ["original"]
+        assert save() == "patched"
+        assert hook not in sys.meta_path
+        module = sys.modules["fake_dcp_a"]
+        assert "exec_module" not in vars(module.__loader__)  # the loader is left as it was
+        importlib.reload(module)  # a reload is the module's own business: no second callback
+        assert seen == ["original"]
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_dcp_a", None)
+
+
+def test_importing_a_submodule_first_patches_the_package(tmp_path, monkeypatch):
+    _package(tmp_path, "fake_dcp_b")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = AfterImport("fake_dcp_b", lambda module: seen.append(module.__name__))
+    sys.meta_path.insert(0, hook)
+    try:
+        importlib.import_module("fake_dcp_b.sub")
+        assert seen == ["fake_dcp_b"]
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_dcp_b", None)
+        sys.modules.pop("fake_dcp_b.sub", None)
+
+
+def test_a_callback_that_fails_never_breaks_the_import(tmp_path, monkeypatch):
+    _package(tmp_path, "fake_dcp_c")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def broken(module):
+        raise RuntimeError("probe bug")
+
+    hook = AfterImport("fake_dcp_c", broken)
+    sys.meta_path.insert(0, hook)
+    try:
+        assert importlib.import_module("fake_dcp_c").save() == "original"
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_dcp_c", None)
