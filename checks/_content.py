@@ -6,6 +6,7 @@ pass overlapped, where the data came from, and the fix for the pattern recognise
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Optional
 
@@ -30,6 +31,9 @@ MIN_SAME_FORWARDS = 2
 SAME_FRACTION = 0.5
 _FIX_FORWARD = ("Give each rank its own part of the data: a DataLoader with `DistributedSampler(dataset)`, or "
                 "batches drawn per rank (a generator seeded with seed + rank, or index ranges split by rank).")
+_FIX_MADE = ("Draw the inputs the script makes (noise, synthetic batches) per rank: from a `torch.Generator` seeded "
+             "with seed + rank, or seed each rank's global generator with seed + rank after the model is built "
+             "and wrapped (so the replicas still start equal).")
 
 
 def _purpose(events: list, ddp_job: bool) -> str:
@@ -168,21 +172,46 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
         site = next((e.site for e in involved if e.site), [])
         feeds = next((e.feeds for e in involved if e.feeds), None)
         loader = feeds.rpartition("#")[0] if feeds else None
-        source = (f"; the batches came from the DataLoader at {loader.rsplit('/', 1)[-1]}" if loader
-                  else "; they did not come from a DataLoader")
+        made = all(per_rank[r][f].startswith("s:") for f in same for r in ranks if f in per_rank[r])
+        what = "inputs" if made else "batches"
+        if made and loader:
+            source = (f"; the script made them (they are not the batches of the DataLoader at "
+                      f"{loader.rsplit('/', 1)[-1]} that fed the loop)")
+        elif made:
+            source = "; they did not come from a DataLoader"
+        else:
+            source = f"; the batches came from the DataLoader at {loader.rsplit('/', 1)[-1]}"
         found[key] = Finding(
             check=SAMPLER_ID, severity="error" if trained else "info", ranks=tuple(sorted(ranks)),
             location=Location.from_site(site),
-            message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical batches to DDP at {len(same)} of "
-                     f"{len(common)} training forwards (the same batch at the same step)"
+            message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical {what} to DDP at {len(same)} of "
+                     f"{len(common)} training forwards (the same {what[:-1]} at the same step)"
                      + (": every rank trains on the same data, so the job does one rank's work N times" if trained
                         else ", but no optimizer step followed, so nothing was trained on them (a test or a "
                              "benchmark?)") + source),
-            fix=_FIX_FORWARD if trained else "Nothing to do if every rank is meant to see the same input.",
-            evidence={"basis": "content", "source": "forward", "kind": "same-step", "module": key, "loader": loader,
+            fix=(_FIX_MADE if made and loader else _FIX_FORWARD) if trained
+            else "Nothing to do if every rank is meant to see the same input.",
+            evidence={"basis": "content", "source": "forward", "kind": "same-step", "module": key,
+                      "loader": None if made else loader, "made_in_script": made,
                       "identical_forwards": len(same), "forwards_compared": len(common),
                       "first_identical_forward": same[0], "trained": trained})
-    return found
+    return _one_per_job(found)
+
+
+def _one_per_job(found: dict[str, Finding]) -> dict[str, Finding]:
+    """Identical inputs to several DDP modules are one cause seen several times (a GAN's critic is fed
+    the generator's identical output): the first module's finding, naming the others, for every key."""
+    if len(found) < 2:
+        return found
+    keys = sorted(found, key=lambda k: (found[k].severity != "error", found[k].evidence["first_identical_forward"], k))
+    first, others = found[keys[0]], [found[k] for k in keys[1:]]
+    head = dataclasses.replace(
+        first, ranks=tuple(sorted({r for f in found.values() for r in f.ranks})),
+        message=first.message + "; identical at the same steps too: " + ", ".join(
+            f"DDP module {f.evidence['module']}" + (f" (line {f.location.line})" if f.location and f.location.line
+                                                     else "") for f in others),
+        evidence={**first.evidence, "also_modules": [f.evidence["module"] for f in others]})
+    return {k: head for k in found}
 
 
 def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
@@ -221,7 +250,8 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
     for slot, finding in first.items():
         finding.evidence["num_passes_affected"] = affected[slot]
     loaders = {f.evidence.get("loader") for f in first.values() if f.evidence.get("source") == "loader"}
-    extra = [f for f in same_step.values() if f.evidence["loader"] is None or f.evidence["loader"] not in loaders]
+    extra = list({id(f): f for f in same_step.values()
+                  if f.evidence["loader"] is None or f.evidence["loader"] not in loaders}.values())
     return list(first.values()) + extra, num_compared + len(same_step)
 
 

@@ -9,7 +9,8 @@ other changes cancel it exactly), including the last-bit drift that a rank-depen
 (clipping with another thread count, a rank-dependent learning rate) leaves in the weights, which
 a float norm rounds away. Viewing a float tensor's bytes as int64 is a no-op view, and summing
 int64 runs at memory speed on the CPU, unlike a norm and a max (two reads) or a float64
-accumulation.
+accumulation. Small tensors (layer norms, biases) are summed together in a few kernels, so a
+model of many small tensors does not pay a kernel launch for each on a GPU.
 """
 
 from __future__ import annotations
@@ -36,8 +37,25 @@ class Pending:
         return resolve(self)[0]
 
 
+_SMALL_WORDS = 1 << 15  # below this many 64-bit words a tensor's own sum kernel is launch-bound
+
+
+def _aligned_words(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """``t``'s bytes as a 1-d int64 view (no copy), or None when they do not start and end on
+    8-byte boundaries or are not contiguous (then :func:`_word_sum` takes the careful path)."""
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    size = t.element_size()
+    if not t.is_contiguous() or (t.storage_offset() * size) % 8 or (t.numel() * size) % 8:
+        return None
+    return t.reshape(-1).view(torch.int64)
+
+
 def _word_sum(t: torch.Tensor) -> torch.Tensor:
     """The wrapping int64 sum of ``t``'s bytes as 64-bit words (a 0-d tensor on ``t``'s device)."""
+    words = _aligned_words(t)
+    if words is not None:
+        return words.sum()
     if not t.is_contiguous():
         t = t.contiguous()  # rare for parameters and gradients; a copy, still exact
     flat = t.reshape(-1)
@@ -56,10 +74,30 @@ def _word_sum(t: torch.Tensor) -> torch.Tensor:
     return total
 
 
+_ENDS: dict[tuple, torch.Tensor] = {}  # (device, word counts) -> last index of each tensor, on the device
+
+
+def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
+    """The word sums of many small tensors in four kernels instead of one launch each: their words
+    concatenated, a running sum, its value at each tensor's end, the differences (exact: wrapping
+    int64 addition). The end positions stay cached on the device: the same tensors come every step,
+    and copying them there anew would wait for the device."""
+    flat = torch.cat(words)
+    key = (flat.device, tuple(w.numel() for w in words))
+    ends = _ENDS.get(key)
+    if ends is None:
+        if len(_ENDS) > 64:
+            _ENDS.clear()
+        ends = _ENDS[key] = torch.tensor(key[1], dtype=torch.int64).cumsum(0).sub_(1).to(flat.device)
+    totals = flat.cumsum(0)[ends]
+    return torch.diff(totals, prepend=totals.new_zeros(1))
+
+
 @torch.no_grad()
 def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
     """Launch the fingerprint kernels of ``tensors`` without waiting for them."""
-    groups: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    own: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # a kernel each
+    small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
     fixed: dict[int, list] = {}
     for i, t in enumerate(tensors):
         if t is None:
@@ -67,10 +105,21 @@ def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
         elif t.numel() == 0 or t.is_meta:
             fixed[i] = [0]
         else:
+            t = t.detach()
             if t.is_complex():
                 t = torch.view_as_real(t)
-            groups[t.device].append((i, _word_sum(t.detach())))
-    parts = [([i for i, _ in members], torch.stack([s for _, s in members])) for members in groups.values()]
+            words = _aligned_words(t)
+            if words is not None and words.numel() < _SMALL_WORDS:
+                small[t.device].append((i, words))
+            else:
+                own[t.device].append((i, words.sum() if words is not None else _word_sum(t)))
+    parts = []
+    for device in {*own, *small}:
+        positions = [i for i, _ in own[device]] + [i for i, _ in small[device]]
+        sums = [torch.stack([s for _, s in own[device]])] if own[device] else []
+        if small[device]:
+            sums.append(_small_sums([w for _, w in small[device]]))
+        parts.append((positions, sums[0] if len(sums) == 1 else torch.cat(sums)))
     return Pending(len(tensors), parts, fixed)
 
 

@@ -377,6 +377,7 @@ class ContentPass(Event):
     declares_shuffle: Optional[bool] = None  # "loader": the dataset says it shuffles (a `shuffle` flag, HF's shuffling)
     first_forward: Optional[int] = None  # "forward" windows: the module's training forward (1-based) of digests[0]
     digests: list = field(default_factory=list)  # "forward" windows, this part: one digest per forward's whole batch
+    # (prefixed "s:" when the input was not the feeding loader's batch as yielded: made in the script)
 
 
 # -- collectives --------------------------------------------------------------------------------

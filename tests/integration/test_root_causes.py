@@ -27,6 +27,9 @@ PAIRS = {
     ("bad_token_loader_same_seed.py", ()): ({"sampler-disjoint": "error"}, set()),
     ("bad_token_loader_same_seed.py", ("--seed-offset-by-rank",)): ({}, set()),
     ("good_benchmark_same_input.py", ()): ({}, set()),
+    # The same noise on every rank (seeded alike) beside a sharded loader: one finding for both models.
+    ("good_gan.py", ("--same-noise",)): ({"sampler-disjoint": "error"}, set()),
+    ("good_gan.py", ()): ({}, set()),
     # The crash of a rank that read a torn checkpoint is the race's consequence.
     ("bad_ckpt_read_while_writing.py", ()): ({"rank0-checkpoint": "error"}, {"rank-failure"}),
     ("good_ckpt_resume.py", ()): ({}, set()),
@@ -72,6 +75,14 @@ def test_identical_batches_name_the_forward_line(run_check):
     assert finding["location"]["line"] == _line("bad_token_loader_same_seed.py", "logits = model(x)")
     assert finding["evidence"]["kind"] == "same-step"
     assert finding["evidence"]["identical_forwards"] == finding["evidence"]["forwards_compared"] == 6
+
+
+def test_identical_noise_names_the_generator_forward_and_counts_the_critic_in(run_check):
+    run = run_check("good_gan.py", "--hang-timeout", "10", script_args=("--same-noise",))
+    (finding,) = run.findings("sampler-disjoint", "error")
+    assert finding["location"]["line"] == _line("good_gan.py", "fake = generator(noise)")
+    assert finding["evidence"]["made_in_script"] is True and finding["evidence"]["also_modules"] == ["ddp1"]
+    assert "the script made them" in finding["message"]
 
 
 def test_identical_inputs_without_an_optimizer_step_are_info(run_check):

@@ -217,3 +217,45 @@ def test_a_reshuffled_stream_is_clean():
     reshuffled = make_evidence(2, {r: [ddp_wrap()] + [content_pass(random.Random(n).sample(data, 64), number=n)
                                                       for n in range(3)] for r in range(2)})
     assert set_epoch(reshuffled).findings == []
+
+
+def _forward_window(key: str, digests: list[str], *, feeds=None, steps: int = 8, line: int = 40):
+    event = content_pass(corpus(8 * len(digests), seed=len(key)), source="forward", key=key, feeds=feeds,
+                         steps=steps, batch_rows=8)
+    event.first_forward, event.digests, event.site = 1, digests, [{"file": SCRIPT, "line": line, "function": "main"}]
+    return event
+
+
+def test_identical_batches_at_the_same_step_from_the_loader_are_an_error_naming_it():
+    label = content.feed_label(f"{SCRIPT}:12", 0)
+    same = [f"{i:016x}" for i in range(8)]  # unprefixed: each forward's input was the loader's batch
+    evidence = make_evidence(2, [ddp_wrap(), _forward_window("ddp0", same, feeds=label)])
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "error" and finding.evidence["kind"] == "same-step"
+    assert finding.evidence["made_in_script"] is False and finding.evidence["loader"] == f"{SCRIPT}:12"
+    assert "identical batches" in finding.message and "came from the DataLoader at train.py:12" in finding.message
+
+
+def test_inputs_the_script_makes_alike_beside_a_loader_name_the_script_and_one_finding_for_all_modules():
+    """A GAN whose noise is seeded alike: the generator's and the critic's inputs are identical, one cause."""
+    label = content.feed_label(f"{SCRIPT}:12", 0)
+    noise = [f"s:{i:016x}" for i in range(8)]
+    fakes = [f"s:{i + 100:016x}" for i in range(8)]
+    evidence = make_evidence(2, [ddp_wrap(), _forward_window("ddp0", noise, feeds=label, line=44),
+                                 _forward_window("ddp1", fakes, feeds=label, line=48)])
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "error" and finding.location.line == 44
+    assert finding.evidence["made_in_script"] is True and finding.evidence["loader"] is None
+    assert finding.evidence["also_modules"] == ["ddp1"]
+    assert "the script made them" in finding.message and "DDP module ddp1 (line 48)" in finding.message
+    assert "torch.Generator" in finding.fix and "seed + rank" in finding.fix
+
+
+def test_identical_inputs_without_steps_are_info_and_different_inputs_are_clean():
+    same = [f"s:{i:016x}" for i in range(8)]
+    untrained = make_evidence(2, [ddp_wrap(), _forward_window("ddp0", same, steps=0)])
+    (finding,) = sampler_disjoint(untrained).findings
+    assert finding.severity == "info" and finding.evidence["trained"] is False
+    differ = make_evidence(2, {r: [ddp_wrap(), _forward_window("ddp0", [f"s:{r}{i:015x}" for i in range(8)])]
+                               for r in range(2)})
+    assert [f for f in sampler_disjoint(differ).findings if f.evidence.get("kind") == "same-step"] == []

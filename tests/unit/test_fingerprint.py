@@ -89,3 +89,18 @@ def test_resolve_copies_several_pending_fingerprints_at_once():
 def test_the_wire_form_round_trips_and_keeps_missing_values():
     values = [[-(2 ** 63)], None, [2 ** 63 - 1], [0]]
     assert decode_fingerprints(encode_fingerprints(values)) == values
+
+
+def test_small_tensors_summed_together_match_their_own_sums_in_any_mix():
+    """Small aligned tensors go through one concatenated running sum; big, unaligned, missing and
+    empty ones beside them keep their own positions and values, including sums that wrap."""
+    generator = torch.Generator().manual_seed(1)
+    big = torch.randn(fp._SMALL_WORDS * 2 + 2, generator=generator)
+    huge_words = torch.full((16,), 2 ** 62, dtype=torch.int64)  # wraps modulo 2**64
+    flat = torch.randn(301, generator=generator)
+    tensors = [torch.randn(768, generator=generator), big, None, flat[1:200], huge_words, torch.empty(0),
+               torch.randn(3, 4, generator=generator).to(torch.bfloat16), torch.tensor([True] * 8), big[2:]]
+    expected = [None if t is None else [0] if t.numel() == 0 else [reference(t)] for t in tensors]
+    assert fp.fingerprint(tensors) == expected
+    assert fp.fingerprint(tensors) == expected, "the cached end positions give the same sums on the next step"
+    assert fp.fingerprint(tensors[::-1]) == expected[::-1]

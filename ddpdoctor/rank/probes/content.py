@@ -64,6 +64,7 @@ class _Stream:
         self.tail: collections.deque = collections.deque(maxlen=64)
         self.num_batches = self.num_rows = self.batch_rows = self.part = 0
         self.digests: list[str] = []  # forward windows: each forward's batch digest not yet written
+        self.last_hashes: Optional[list[int]] = None  # loader passes: the rows of the batch last yielded
         self.first_forward: Optional[int] = None
         self.last_write = time.monotonic()
         self.open = True
@@ -207,6 +208,7 @@ class _ContentProbe:
         self.feeding = stream
         self.tracker.yielded(stream.fed)
         hashes = self.hashes(first_tensor(batch))
+        stream.last_hashes = hashes
         if hashes:
             stream.add(hashes)
 
@@ -227,7 +229,11 @@ class _ContentProbe:
                     number = self.forward_counts.get(state.index, 0) + 1
                     self.forward_counts[state.index] = number
                     window = self.window(state.index, number, state.last_forward_site)
-                    window.digests.append(hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest())
+                    digest = hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest()
+                    feeding = self.feeding if self.feeding is not None and self.feeding.open else None
+                    # "s:": not the batch the feeding loader yielded (noise, a hand-made batch): made in the script
+                    window.digests.append(digest if feeding is not None and hashes == feeding.last_hashes
+                                          else f"s:{digest}")
                     window.add(hashes)
 
         with self.rec.guard(PROBE, "DistributedDataParallel"):
