@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
@@ -126,6 +127,8 @@ def _unordered_reads(evidence: Evidence, by_path, loads: list[tuple[int, Load]])
                 if read_before or (read_after and not missing):
                     continue
                 what = ("before the file existed" if missing
+                        else f"while that write was still running (rank {writer} never finished it)"
+                        if write.seq_end == UNFINISHED
                         else "with no collective between the end of that write and the read")
                 return [Finding(
                     check=ID, severity="error", ranks=(writer, reader), location=_loc(load),
@@ -133,7 +136,8 @@ def _unordered_reads(evidence: Evidence, by_path, loads: list[tuple[int, Load]])
                     fix=frameworks.fix(evidence, "save", "Put a collective between the write and the reads: rank 0 "
                                        "saves, then `dist.barrier()` on every rank, then load."),
                     evidence={"path": load.path, "writer": writer, "reader": reader,
-                              "writer_collectives_after_write": write.seq_end,
+                              "writer_collectives_after_write": None if write.seq_end == UNFINISHED else write.seq_end,
+                              "write_finished": write.seq_end != UNFINISHED,
                               "reader_collectives_before_read": read_at,
                               "write_site": write.site, "read_site": load.site, "read_error": load.error},
                 )]
@@ -201,8 +205,24 @@ def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
     return []
 
 
+UNFINISHED = 1 << 62  # seq_end of a save its rank never finished: no read is ordered after it
+
+
+def saves_of(evidence: Evidence) -> list[tuple[int, Save]]:
+    """Each save once: the finished event, or the begun one whose rank never finished it (killed
+    mid-write), with an open end."""
+    finished = {(r, e.path, e.seq_start) for r, e in evidence.events(Save) if e.done}
+    out = []
+    for rank, event in evidence.events(Save):
+        if event.done:
+            out.append((rank, event))
+        elif (rank, event.path, event.seq_start) not in finished:
+            out.append((rank, dataclasses.replace(event, seq_end=UNFINISHED)))
+    return out
+
+
 def analyze(evidence: Evidence) -> CheckResult:
-    saves = list(evidence.events(Save))
+    saves = saves_of(evidence)
     loads = list(evidence.events(Load))
     dcp_calls = list(evidence.events(DistributedCheckpoint))
     if not saves and not loads and not dcp_calls:

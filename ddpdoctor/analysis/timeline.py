@@ -140,7 +140,7 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
             "steps": [[_r(s.t, t0), s.step, *(s.timing or [None] * 5)] for s in kept_steps],
             "collectives": [[_r(t, t0), n, what] for t, n, what in kept_calls],
             "saves": [[_r(s.t - (s.dur_s or 0.0), t0), round(s.dur_s or 0.0, 4), (s.path or "").rsplit("/", 1)[-1]]
-                      for s in ev.of(Save)][-limit:],
+                      for s in ev.of(Save) if s.done][-limit:],
             "stalls": stalls,
             "end": _end(evidence, rank, t0),
             "dropped_steps": len(steps) - len(kept_steps),

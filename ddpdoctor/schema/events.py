@@ -453,6 +453,9 @@ class Save(Event):
     module_prefix: bool = False
     site: Site = field(default_factory=list)
     dur_s: Optional[float] = None  # how long torch.save took (``t`` is when it returned)
+    # False: written as torch.save begins, so a save that a kill interrupts is still in the evidence;
+    # the finished save is its own event (done=True) with the same path and seq_start.
+    done: bool = True
 
 
 @dataclass(kw_only=True, slots=True)

@@ -239,6 +239,7 @@ class TwoNodeSlurm:
     def start(self, timeout_s: float = 60) -> None:
         from two_hosts import RESOLV_CONF, hosts_file
 
+        self.sweep_stale()
         try:
             TWO_NODE_DIR.mkdir(parents=True, exist_ok=True)
             self._munge = start_munge()
@@ -289,6 +290,23 @@ class TwoNodeSlurm:
         except BaseException:
             self.stop()
             raise
+
+    @staticmethod
+    def sweep_stale() -> None:
+        """Remove what a test session killed before its clean-up left (namespaces, bridge, veths,
+        daemons): the same subnet and ports would keep this cluster's nodes from ever answering."""
+        from two_hosts import _alive, _kill_namespace, _namespaces
+
+        for ns in _namespaces():
+            parts = ns.split("-")
+            if ns.startswith("ddpd-slurm-") and len(parts) == 4 and parts[2].isdigit() and not _alive(int(parts[2])):
+                _kill_namespace(ns)
+                tag = int(parts[2]) % 100000
+                for link in (f"ddpsb{tag}", f"dsh{tag}{parts[3]}"):
+                    _run("ip", "link", "delete", link)
+        for name in TwoNodeSlurm.NAMES:
+            _stop_pid_file(TWO_NODE_DIR / f"slurmd-{name}.pid")
+        _stop_pid_file(TWO_NODE_DIR / "slurmctld.pid")
 
     def stop(self) -> None:
         for name in self.NAMES:

@@ -316,7 +316,11 @@ def stop_snapshot(heartbeats: dict[int, dict], stacks: dict[int, list[dict]], *,
 # -- checkpoints -----------------------------------------------------------------------------------
 
 def save(path: Optional[str], *, seq_start: int = 0, seq_end: Optional[int] = None,
-         fingerprint: Optional[str] = "fp-A", module_prefix: bool = False, line: int = 80, nbytes: int = 1234) -> ev.Save:
+         fingerprint: Optional[str] = "fp-A", module_prefix: bool = False, line: int = 80, nbytes: int = 1234,
+         done: bool = True) -> ev.Save:
+    """A finished torch.save, or (done=False) the event the probe writes as the save begins."""
+    if not done:
+        return ev.Save(seq=seq_start, path=path, seq_start=seq_start, seq_end=seq_start, site=site(line), done=False)
     return ev.Save(seq=seq_start, path=path, bytes=nbytes, seq_start=seq_start,
                    seq_end=seq_start if seq_end is None else seq_end, fingerprint=fingerprint,
                    module_prefix=module_prefix, site=site(line))

@@ -91,6 +91,29 @@ def test_read_with_no_collective_after_the_write_is_an_error():
     assert "dist.barrier()" in finding.fix
 
 
+def test_a_save_begun_and_finished_counts_once_and_keeps_its_order():
+    evidence = make_evidence(2, {
+        0: [save(CKPT, done=False), save(CKPT), collective("barrier", 1, shape=None), load(CKPT, seq_start=1)],
+        1: [collective("barrier", 1, shape=None), load(CKPT, seq_start=1)],
+    })
+    result = analyze(evidence)
+    assert result.findings == [] and result.summary == "1 save(s), 2 load(s)"
+
+
+def test_a_read_during_a_save_its_rank_never_finished_is_an_error_even_after_a_collective():
+    """The writer was killed mid-save (its peer died reading the torn file): only the begun event exists."""
+    error = "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"
+    evidence = make_evidence(2, {
+        0: [collective("all_reduce", 1), save(CKPT, seq_start=1, done=False)],
+        1: [collective("all_reduce", 1), collective("barrier", 2, shape=None), load(CKPT, seq_start=2, error=error)],
+    })
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "error" and finding.ranks == (0, 1)
+    assert finding.message == f"rank 1 read {CKPT} that rank 0 writes, while that write was still running (rank 0 never finished it)"
+    assert finding.evidence["write_finished"] is False and finding.evidence["writer_collectives_after_write"] is None
+    assert finding.evidence["read_error"] == error
+
+
 def test_read_before_the_file_existed_is_an_error_even_after_a_collective():
     evidence = make_evidence(2, {
         0: [save(CKPT, seq_start=0), collective("barrier", 1, shape=None)],

@@ -143,15 +143,17 @@ def install(rec: Recorder) -> Optional[Callable[[], None]]:
             _inside.active = True
             try:
                 seq_start = rec.collective_seq
+                path, site = None, []
+                with rec.guard(PROBE, "torch.save"):
+                    path, site = _path_of(f), callsite.caller_site(3)
+                    rec.emit(Save(path=path, seq_start=seq_start, seq_end=seq_start, site=site, done=False))
                 started = time.perf_counter()
                 result = original(obj, f, *args, **kwargs)
                 duration = time.perf_counter() - started
                 with rec.guard(PROBE, "torch.save"):
-                    path = _path_of(f)
                     rec.emit(Save(path=path, bytes=os.path.getsize(path) if path and os.path.isfile(path) else None,
                                   seq_start=seq_start, seq_end=rec.collective_seq, fingerprint=state_fingerprint(obj),
-                                  module_prefix=module_prefixed(obj), site=callsite.caller_site(3),
-                                  dur_s=round(duration, 6)))
+                                  module_prefix=module_prefixed(obj), site=site, dur_s=round(duration, 6)))
                 return result
             finally:
                 _inside.active = False
