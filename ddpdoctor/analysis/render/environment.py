@@ -12,7 +12,7 @@ from rich.text import Text
 from ddpdoctor.analysis.render.benchmark import format_bytes
 from ddpdoctor.analysis.report import Report
 
-__all__ = ["ranks_table", "variables_table", "render_environment"]
+__all__ = ["ranks_table", "devices_table", "variables_table", "render_environment"]
 
 
 def _gpu(env: dict) -> str:
@@ -27,15 +27,31 @@ def _gpu(env: dict) -> str:
     return "-"
 
 
+def _table(title: str) -> Table:
+    return Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title=title, title_justify="left")
+
+
 def ranks_table(environment: list[dict]) -> Table:
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="ranks", title_justify="left")
-    for column in ("rank", "host", "node", "local", "python", "torch", "CUDA", "cuDNN", "NCCL", "driver", "backend",
-                   "GPU"):
-        table.add_column(column, no_wrap=column != "GPU")
+    """Where each rank runs and with what software; its devices are :func:`devices_table` (two
+    tables, so each fits an 80-column terminal without cutting a value)."""
+    table = _table("ranks")
+    for column in ("rank", "host", "node", "local", "python", "torch", "backend"):
+        table.add_column(column, no_wrap=True)
     for env in environment:
         table.add_row(*[str(v) if v not in (None, "") else "-" for v in (
             env["rank"], env.get("host"), env.get("node"), env.get("local_rank"), env.get("python"), env.get("torch"),
-            env.get("cuda"), env.get("cudnn"), env.get("nccl"), env.get("driver"), env.get("backend"))], _gpu(env))
+            env.get("backend"))])
+    return table
+
+
+def devices_table(environment: list[dict]) -> Table:
+    table = _table("devices")
+    for column in ("rank", "CUDA", "cuDNN", "NCCL", "driver"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("GPU", overflow="fold")
+    for env in environment:
+        table.add_row(*[str(v) if v not in (None, "") else "-" for v in (
+            env["rank"], env.get("cuda"), env.get("cudnn"), env.get("nccl"), env.get("driver"))], _gpu(env))
     return table
 
 
@@ -43,10 +59,9 @@ def variables_table(environment: list[dict]) -> Optional[Table]:
     names = sorted({k for env in environment for k in env.get("variables", {})})
     if not names:
         return None
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title="variables",
-                  title_justify="left")
+    table = _table("variables")
     table.add_column("variable", no_wrap=True)
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     for name in names:
         values = {env["rank"]: env.get("variables", {}).get(name) for env in environment}
         if len(set(values.values())) == 1:
@@ -69,6 +84,7 @@ def render_environment(console: Console, report: Report, *, plain: bool) -> None
     console.print(Text(f"ddpdoctor {report.version} env: {len(report.environment)} of {report.world_size} ranks "
                        f"on {nodes} node{'s' if nodes != 1 else ''}, outcome {report.outcome}", style="bold"))
     console.print(ranks_table(report.environment))
+    console.print(devices_table(report.environment))
     variables = variables_table(report.environment)
     if variables is not None:
         console.print(variables)
