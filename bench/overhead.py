@@ -3,7 +3,7 @@ the default schedule and with --fingerprint-every 1, and torchrun with TORCH_DIS
 and =DETAIL (PyTorch's own diagnostics, for comparison). The configurations run interleaved, round
 after round, so drift in the machine's speed hits them alike; a run that crashes is reported so.
 
-``--baseline-python PATH`` (bench/run.py) adds the default schedule of another ddpdoctor install
+``--baseline-python PATH`` (bench/run.py) adds the default schedule and every-step fingerprints of another ddpdoctor install
 (the Python of a venv holding an earlier build), interleaved with this one: what a change to the
 probes costs, side by side.
 """
@@ -43,7 +43,9 @@ def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | Non
     configs = dict(CONFIGS)
     if baseline_python:  # right after this build's default schedule, which it is compared with
         items = list(CONFIGS.items())
-        configs = {**dict(items[:2]), "baseline install, default schedule": ("baseline", {}, ()), **dict(items[2:])}
+        configs = {**dict(items[:2]), "baseline install, default schedule": ("baseline", {}, ()), **dict(items[2:3]),
+                   "baseline install, --fingerprint-every 1": ("baseline", {}, ("--fingerprint-every", "1")),
+                   **dict(items[3:])}
     ratios: dict[str, list[float]] = {name: [] for name in configs}
     mean_ratios: dict[str, list[float]] = {name: [] for name in configs}
     medians: dict[str, list[float]] = {name: [] for name in configs}

@@ -52,7 +52,7 @@ def _thin(items: list, limit: int) -> list:
 
 
 # DDP's own collectives (InternalCollectives.phase) as the timeline names them.
-_INTERNAL = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's buffer broadcast",
+_INTERNAL = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's forward broadcast",
              "ddp-backward": "DDP's gradient all-reduce", "other": "a library's collective"}
 
 

@@ -34,7 +34,7 @@ ROOT_LISTS = frozenset({"gather", "scatter"})
 # What a library's collectives were, by phase, in words.
 PHASE_WHAT = {
     "ddp-init": "DDP's constructor (broadcast of the parameters from rank 0)",
-    "ddp-forward": "DDP's forward (buffer broadcast)",
+    "ddp-forward": "DDP's forward (its buffer or bucket broadcast)",
     "ddp-backward": "DDP's gradient all-reduce in the backward pass",
     "other": "a collective no traced call made",
 }

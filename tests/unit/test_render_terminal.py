@@ -170,7 +170,7 @@ def test_ddps_own_collectives_are_named_by_what_they_belong_to():
                           "calls": {"0": {"op": None, "phase": "ddp-forward", "tensors": [], "site": site},
                                     "1": {"op": "broadcast", "phase": "ddp-forward", "tensors": [], "site": site}}})
     text = rendered(report_of(finding))
-    assert "rank 0: DDP's forward (buffer broadcast)" in text
-    assert "rank 1: broadcast in DDP's forward (buffer broadcast)" in text
+    assert "rank 0: DDP's forward (its buffer or bucket broadcast)" in text
+    assert "rank 1: broadcast in DDP's forward (its buffer or bucket broadcast)" in text
     assert "never ran it" in text and "rank 1" in text and "rank 0: 4 · rank 1: 0" in text
     assert "culprit" not in text and "ddp-forward" not in text and "None" not in text

@@ -45,7 +45,7 @@ def test_a_user_call_against_ddp_backward_names_the_call():
     (finding,) = collective_hang.analyze(make_evidence(2, {0: rank0, 1: rank1})).findings
     assert finding.location.line == 25
     assert finding.message == ("collective #7 differs across ranks: rank 0 called all_reduce of float32[4] at "
-                               "train.py:25, rank 1 issued DDP's forward (buffer broadcast) at train.py:28")
+                               "train.py:25, rank 1 issued DDP's forward (its buffer or bucket broadcast) at train.py:28")
 
 
 def test_joins_shadow_collectives_match_any_of_ddps():
@@ -84,6 +84,6 @@ def test_hang_names_the_ddp_all_reduce_the_waiting_rank_issued():
     (finding,) = collective_hang.analyze(make_evidence(2, events, stop=stop, outcome="hung")).findings
     assert finding.location.line == 16
     assert ("first divergence at collective #7: rank 0 called barrier at train.py:16, rank 1 issued DDP's forward "
-            "(buffer broadcast) at train.py:28") in finding.message
+            "(its buffer or bucket broadcast) at train.py:28") in finding.message
     assert finding.evidence["timeline"]["1"]["6"] == "DDP's gradient all-reduce in the backward pass at train.py:30"
     assert finding.evidence["timeline"]["0"]["7"] == "barrier at train.py:16"

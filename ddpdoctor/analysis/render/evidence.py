@@ -101,7 +101,7 @@ def ranks_text(ranks: list) -> str:
 
 
 # What DDP's own collectives are part of (the collective trace's ``phase``), in words.
-PHASES = {"ddp-forward": "DDP's forward (buffer broadcast)", "ddp-backward": "DDP's gradient all-reduce",
+PHASES = {"ddp-forward": "DDP's forward (its buffer or bucket broadcast)", "ddp-backward": "DDP's gradient all-reduce",
           "ddp-init": "DDP's constructor (parameter broadcast)"}
 
 
