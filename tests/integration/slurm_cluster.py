@@ -237,7 +237,7 @@ class TwoNodeSlurm:
             raise RuntimeError(f"ip {' '.join(args)}: {proc.stderr.strip()}")
 
     def start(self, timeout_s: float = 60) -> None:
-        from two_hosts import RESOLV_CONF, hosts_file
+        from two_hosts import RESOLV_CONF, hosts_file, private_tmp
 
         self.sweep_stale()
         try:
@@ -274,7 +274,7 @@ class TwoNodeSlurm:
                 # nsenter joins the network namespace only (ip netns exec would remount /sys, hiding the
                 # cgroup mounts slurmd needs); the mounts that ip netns exec makes are done by hand.
                 script = (f"mount --bind {etc}/hosts /etc/hosts && mount --bind {etc}/resolv.conf /etc/resolv.conf "
-                          f"&& mount -t tmpfs tmpfs /tmp && hostname {name} && exec slurmd -f {self.conf}")
+                          f"&& {private_tmp()} && hostname {name} && exec slurmd -f {self.conf}")
                 proc = _run("nsenter", f"--net=/run/netns/{ns}", "unshare", "--mount", "--uts", "--propagation",
                             "private", "sh", "-c", script, env=self.env)
                 if proc.returncode != 0:

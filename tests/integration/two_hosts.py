@@ -16,9 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import shlex
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 PREFIX = "ddpd-2h"
@@ -78,6 +81,29 @@ def _kill_namespace(ns: str) -> None:
         time.sleep(0.2)
     _ip("netns", "delete", ns, check=False)
     shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
+
+
+def _installed_under_tmp() -> list[str]:
+    """The checkout and the Python environment, where they live under /tmp (a checkout made there)."""
+    paths = {str(Path(__file__).resolve().parents[2]), os.path.realpath(sys.prefix)}
+    return sorted(p for p in paths if p.startswith("/tmp/") and not any(
+        p != q and p.startswith(q + "/") for q in paths))
+
+
+def private_tmp() -> str:
+    """Shell that gives a fresh mount namespace an empty /tmp (the host's own, shared with no other
+    host), keeping visible only what a host would have installed: the checkout and the Python
+    environment when they live under /tmp. They are parked on a tmpfs over /mnt (inside the
+    namespace, nothing outside changes) while the new /tmp is mounted, then bound back."""
+    keep = _installed_under_tmp()
+    if not keep:
+        return "mount -t tmpfs tmpfs /tmp"
+    park = ["mount -t tmpfs tmpfs /mnt"]
+    back = []
+    for i, path in enumerate(keep):
+        park += [f"mkdir /mnt/keep{i}", f"mount --bind {shlex.quote(path)} /mnt/keep{i}"]
+        back += [f"mkdir -p {shlex.quote(path)}", f"mount --bind /mnt/keep{i} {shlex.quote(path)}"]
+    return " && ".join([*park, "mount -t tmpfs tmpfs /tmp", *back])
 
 
 def sweep_stale() -> None:
@@ -146,7 +172,7 @@ class TwoHosts:
     def command(self, host: str, cmd: list[str]) -> list[str]:
         """``cmd`` run on ``host``: its network namespace, a fresh mount namespace with an empty /tmp,
         a UTS namespace with ``host`` as hostname."""
-        script = f'mount -t tmpfs tmpfs /tmp && hostname {host} && exec "$@"'
+        script = f'{private_tmp()} && hostname {host} && exec "$@"'
         return ["ip", "netns", "exec", self.ns[host], "unshare", "--mount", "--uts", "--propagation", "private",
                 "sh", "-c", script, "sh", *cmd]
 
