@@ -46,6 +46,10 @@ class StepTiming:
                 before(self.backward_end), before(self.optimizer)]
 
 
+_INTERNAL_OPS = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's forward broadcast",
+                 "ddp-backward": "DDP's gradient all-reduce"}
+
+
 class Recorder:
     """Per-process event sink and progress counters shared by all probes."""
 
@@ -130,10 +134,15 @@ class Recorder:
         self.progress += 1
 
     def heartbeat(self) -> Heartbeat:
+        seq = self.clock.peek()
+        last = self.last_collective
+        if seq and (last is None or (last.get("n") or 0) < seq):
+            # DDP's own collectives since the last traced call: numbered, named by what the rank was doing
+            last = {"op": _INTERNAL_OPS.get(self.clock.phase.name, "collective"), "n": seq, "site": None}
         return Heartbeat(pid=self.pid, rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
                          node_rank=self.node_rank, agent=self.agent, host=self.host, t=time.time(),
-                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=self.clock.peek(),
-                         activity=self.activity, site=self.activity_site, last_collective=self.last_collective,
+                         progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=seq,
+                         activity=self.activity, site=self.activity_site, last_collective=last,
                          passes=self.passes, exit=self.exit_info)
 
     def close(self) -> None:

@@ -46,3 +46,24 @@ def test_parameters_unused_last_iteration_are_not_waited_for(rec):
     state = DDPState(index=0, names=["a", "b", "aux"], buffer_names=[], buffers=[], expected_grads=2)
     backward(rec, state, [0, 1], synced=True)
     assert rec.gradients_complete is True
+
+
+class _NumberedGroup:
+    seq = 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.seq
+
+
+def test_the_heartbeat_numbers_ddps_own_collectives_after_the_last_traced_call(rec):
+    """A rank blocked in DDP's gradient all-reduce shows that all-reduce as its last collective."""
+    from ddpdoctor.rank.clock import Phase
+
+    group = _NumberedGroup()
+    rec.clock.attach(group)
+    group.seq = 7
+    rec.last_collective = {"op": "barrier", "n": 7, "site": None}
+    assert rec.heartbeat().last_collective == {"op": "barrier", "n": 7, "site": None}
+    rec.clock.enter(Phase("ddp-backward", ddp=0, grad=True))
+    group.seq = 8  # the bucket all-reduce DDP enqueued from C++: no traced call saw it
+    assert rec.heartbeat().last_collective == {"op": "DDP's gradient all-reduce", "n": 8, "site": None}
