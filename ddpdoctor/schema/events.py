@@ -671,6 +671,12 @@ def event_from_json(data: dict, *, owned: bool = False) -> Event:
     if cls is None:
         return UnknownEvent(kind_name=str(data.get("kind")), data=data, t=float(data.get("t") or 0.0),
                             rank=data.get("rank"))
+    if owned and not cls.nested:  # the common case: a line this version wrote, built without a key check
+        kind = data.pop("kind")
+        try:
+            return cls(**data)
+        except TypeError:  # a field of a newer writer: drop what this version does not know
+            data["kind"] = kind
     names = _field_names(cls)
     if owned:
         values = data

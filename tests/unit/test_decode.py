@@ -86,3 +86,16 @@ def test_a_device_assert_names_the_failed_assertion_from_the_output():
 ])
 def test_ordinary_errors_are_not_decoded(message):
     assert decode(message) is None
+
+
+def test_owned_lines_load_typed_with_fields_of_a_newer_writer_dropped():
+    """event_from_json(owned=True) builds the event straight from the parsed line, and falls back
+    to dropping unknown keys when a newer writer added fields (or kinds with nested records)."""
+    from ddpdoctor.schema import events
+
+    save = events.event_from_json({"kind": "save", "path": "/c.pt", "seq_start": 3, "rank": 1}, owned=True)
+    assert isinstance(save, events.Save) and save.path == "/c.pt" and save.rank == 1 and save.done is True
+    newer = events.event_from_json({"kind": "save", "path": "/c.pt", "from_the_future": 1}, owned=True)
+    assert isinstance(newer, events.Save) and newer.path == "/c.pt"
+    line = {"kind": "load", "path": "/c.pt", "error": None}
+    assert events.event_from_json(dict(line), owned=True) == events.event_from_json(line)
