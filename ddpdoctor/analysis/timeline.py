@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import (Collective, Exit, ExceptionEvent, InternalCollectives, ProcessStart, Save, Step,
-                                     SysExit)
+from ddpdoctor.schema.events import (DDP_PHASE_WORDS, Collective, Exit, ExceptionEvent, InternalCollectives,
+                                     ProcessStart, Save, Step, SysExit)
 
 __all__ = ["build_timeline", "points_per_rank", "TOTAL_POINTS"]
 
@@ -52,8 +52,7 @@ def _thin(items: list, limit: int) -> list:
 
 
 # DDP's own collectives (InternalCollectives.phase) as the timeline names them.
-_INTERNAL = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's forward broadcast",
-             "ddp-backward": "DDP's gradient all-reduce", "other": "a library's collective"}
+_INTERNAL = {**DDP_PHASE_WORDS, "other": "a library's collective"}
 
 
 def _collectives(ev, stalled_since: Optional[float] = None) -> list[tuple[float, int, str]]:

@@ -54,8 +54,12 @@ def _aligned_words(t: torch.Tensor) -> Optional[torch.Tensor]:
 def _word_sum(t: torch.Tensor) -> torch.Tensor:
     """The wrapping int64 sum of ``t``'s bytes as 64-bit words (a 0-d tensor on ``t``'s device)."""
     words = _aligned_words(t)
-    if words is not None:
-        return words.sum()
+    return words.sum() if words is not None else _unaligned_word_sum(t)
+
+
+def _unaligned_word_sum(t: torch.Tensor) -> torch.Tensor:
+    """:func:`_word_sum` of a tensor whose bytes do not start and end on 8-byte boundaries, or are
+    not contiguous: the edges widened and summed apart."""
     if not t.is_contiguous():
         t = t.contiguous()  # rare for parameters and gradients; a copy, still exact
     flat = t.reshape(-1)
@@ -112,7 +116,7 @@ def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
             if words is not None and words.numel() < _SMALL_WORDS:
                 small[t.device].append((i, words))
             else:
-                own[t.device].append((i, words.sum() if words is not None else _word_sum(t)))
+                own[t.device].append((i, words.sum() if words is not None else _unaligned_word_sum(t)))
     parts = []
     for device in {*own, *small}:
         positions = [i for i, _ in own[device]] + [i for i, _ in small[device]]

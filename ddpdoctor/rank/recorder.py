@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 
 from ddpdoctor.rank.clock import CollectiveClock
 from ddpdoctor.schema import layout
-from ddpdoctor.schema.events import Event, ProbeError
+from ddpdoctor.schema.events import DDP_PHASE_WORDS, Event, ProbeError
 from ddpdoctor.schema.observations import Heartbeat
 from ddpdoctor.schema.settings import RankSettings
 
@@ -44,10 +44,6 @@ class StepTiming:
 
         return [round(self.data_wait_s, 5), before(self.forward), before(self.backward),
                 before(self.backward_end), before(self.optimizer)]
-
-
-_INTERNAL_OPS = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's forward broadcast",
-                 "ddp-backward": "DDP's gradient all-reduce"}
 
 
 class Recorder:
@@ -138,7 +134,7 @@ class Recorder:
         last = self.last_collective
         if seq and (last is None or (last.get("n") or 0) < seq):
             # DDP's own collectives since the last traced call: numbered, named by what the rank was doing
-            last = {"op": _INTERNAL_OPS.get(self.clock.phase.name, "collective"), "n": seq, "site": None}
+            last = {"op": DDP_PHASE_WORDS.get(self.clock.phase.name, "collective"), "n": seq, "site": None}
         return Heartbeat(pid=self.pid, rank=self.rank, world_size=self.world_size, local_rank=self.local_rank,
                          node_rank=self.node_rank, agent=self.agent, host=self.host, t=time.time(),
                          progress=self.progress, steps=self.num_steps, epoch=self.epoch, seq=seq,

@@ -410,6 +410,11 @@ class Collective(Event):
 INTERNAL_PHASES = ("ddp-init", "ddp-forward", "ddp-backward", "other")
 
 
+# DDP's own collectives by InternalCollectives.phase, in a few words (the live view and the timeline).
+DDP_PHASE_WORDS = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's forward broadcast",
+                   "ddp-backward": "DDP's gradient all-reduce"}
+
+
 @dataclass(kw_only=True, slots=True)
 class InternalCollectives(Event):
     """Collectives on the world group that a library issued without a traced torch.distributed call.

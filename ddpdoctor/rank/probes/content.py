@@ -230,7 +230,7 @@ class _ContentProbe:
                     self.forward_counts[state.index] = number
                     window = self.window(state.index, number, state.last_forward_site)
                     digest = hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest()
-                    feeding = self.feeding if self.feeding is not None and self.feeding.open else None
+                    feeding = self.open_feeding()
                     # "s:": not the batch the feeding loader yielded (noise, a hand-made batch): made in the script
                     window.digests.append(digest if feeding is not None and hashes == feeding.last_hashes
                                           else f"s:{digest}")
@@ -239,11 +239,15 @@ class _ContentProbe:
         with self.rec.guard(PROBE, "DistributedDataParallel"):
             ddp.register_forward_pre_hook(on_forward, with_kwargs=True)
 
+    def open_feeding(self) -> Optional[_Stream]:
+        """The loader pass whose batches feed the model now (None once it ended)."""
+        return self.feeding if self.feeding is not None and self.feeding.open else None
+
     def window(self, index: int, forward: int, site: list) -> _Stream:
         """The open window of DDP module ``index``; a new one (starting at training forward
         ``forward``, called from ``site``) after FORWARD_WINDOW forwards or when another loader pass
         (or none) feeds the model."""
-        feeding = self.feeding if self.feeding is not None and self.feeding.open else None
+        feeding = self.open_feeding()
         feeds = f"{feeding.key}#{feeding.fields['number']}" if feeding is not None else None
         current = self.windows.get(index)
         if current is not None and current.open and current.feeds == feeds and current.num_batches < FORWARD_WINDOW:
