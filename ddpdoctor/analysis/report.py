@@ -20,7 +20,8 @@ from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.render.source import collect_sources
 from ddpdoctor.analysis.runner import Analysis
 from ddpdoctor.analysis.timeline import build_timeline
-from ddpdoctor.schema.events import SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.events import (SCHEMA_VERSION, DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart,
+                                     RankEnvironment)
 from ddpdoctor.schema.settings import GPU_VISIBLE
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "build_report", "write_json"]
@@ -269,11 +270,12 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
     backend, device = _backend_and_device(evidence)
     observations = evidence.observations
     starts = [e for _, e in evidence.events(ProcessStart)] + [e for e in evidence.unranked if isinstance(e, ProcessStart)]
+    environments = [e for _, e in evidence.events(RankEnvironment)]  # the version, where torch came after the start
     shown = [f.to_json() for f in analysis.findings] + [f.to_json() for f, _ in analysis.suppressed]
     return Report(
         sources=collect_sources(shown), timeline=build_timeline(evidence),
         launcher_log=list(observations.launcher_log),
-        torch_version=next((e.torch_version for e in starts if e.torch_version), ""),
+        torch_version=next((e.torch_version for e in [*starts, *environments] if e.torch_version), ""),
         python_version=next((e.python_version for e in starts if e.python_version), ""),
         version=version, script=script, argv=argv, world_size=evidence.world_size, nnodes=evidence.nnodes,
         backend=backend, device=device, outcome=evidence.outcome, duration_s=duration_s,

@@ -8,6 +8,7 @@ exceptions pass through, its tracebacks without ddpdoctor's frames.
 from __future__ import annotations
 
 import os
+import platform
 import runpy
 import sys
 
@@ -23,7 +24,7 @@ from ddpdoctor.rank import bounds, callsite, probes, teardown, tracebacks  # noq
 from ddpdoctor.rank.recorder import Recorder  # noqa: E402
 from ddpdoctor.rank.watchdog import Watchdog  # noqa: E402
 from ddpdoctor.schema import settings as rank_settings  # noqa: E402
-from ddpdoctor.schema.events import Exit, ExceptionEvent, RunCut as RunCutEvent, SysExit  # noqa: E402
+from ddpdoctor.schema.events import Exit, ExceptionEvent, ProcessStart, RunCut as RunCutEvent, SysExit  # noqa: E402
 
 
 class Session:
@@ -32,11 +33,16 @@ class Session:
     def __init__(self) -> None:
         config = rank_settings.RankSettings.from_env()
         self.rec = Recorder(config)
-        self.rec.activity = "importing"  # torch and the probes: the live view shows it, with a timer
-        self.watchdog = Watchdog(self.rec, interval_s=config.heartbeat_s)
+        rec = self.rec
+        torch = sys.modules.get("torch")  # imported already (a spawned worker); otherwise the environment probe says
+        rec.emit(ProcessStart(pid=os.getpid(), host=rec.host, local_rank=rec.local_rank, node_rank=rec.node_rank,
+                              world_size=rec.world_size, fingerprint_every=rec.fingerprint_every,
+                              python_version=platform.python_version(),
+                              torch_version=str(torch.__version__) if torch is not None else ""))
+        rec.activity = "starting"
+        self.watchdog = Watchdog(rec, interval_s=config.heartbeat_s)
         self.watchdog.start()
-        self.finish_probes = probes.install(self.rec)
-        self.rec.set_activity("starting")
+        self.finish_probes = probes.install(rec)
 
     def record_exception(self, exc: BaseException) -> None:
         headline = (str(exc).strip().splitlines() or [""])[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.machinery
 import os
 import sys
 import sysconfig
@@ -18,12 +19,11 @@ _FIXTURES_DIR = os.path.join(_PKG_DIR, "fixtures")
 def _library_prefixes() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     prefixes = {paths.get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    try:
-        import torch
-
-        prefixes.add(os.path.dirname(os.path.abspath(torch.__file__)))
-    except Exception:  # torch missing only in the supervisor; nothing to skip then
-        pass
+    # Where torch is, without importing it: the watchdog thread walks stacks before the script has
+    # imported torch, and the rank's probes install on the script's own import (probes/__init__.py).
+    spec = importlib.machinery.PathFinder.find_spec("torch")
+    if spec is not None and spec.origin:
+        prefixes.add(os.path.dirname(os.path.abspath(spec.origin)))
     return tuple(sorted(os.path.realpath(p) + os.sep for p in prefixes if p))
 
 

@@ -1,11 +1,11 @@
-"""The checkpoint probe patches torch.distributed.checkpoint only once the script imports it."""
+"""AfterImport runs its callback on the fully imported module, once, and leaves sys.meta_path."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-from ddpdoctor.rank.probes.checkpoint import AfterImport
+from ddpdoctor.rank.after_import import AfterImport
 
 
 def _package(tmp_path, name: str) -> None:

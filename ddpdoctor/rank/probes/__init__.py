@@ -1,12 +1,15 @@
-"""In-rank probes. ``install`` hooks torch before the user's script runs; nothing here changes
-what the script computes, and a probe that fails is recorded, never raised into the script.
-Third-party checks' probes (``Check.probe``) install after the built-in ones, under their check's id."""
+"""In-rank probes. ``install`` hooks torch as soon as the script has imported it, before any of
+the script's code uses it; nothing here changes what the script computes, and a probe that fails
+is recorded, never raised into the script. Third-party checks' probes (``Check.probe``) install
+after the built-in ones, under their check's id."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Iterator
+import sys
+from typing import Any, Callable, Iterator
 
+from ddpdoctor.rank.after_import import AfterImport
 from ddpdoctor.rank.probes import patching
 from ddpdoctor.rank.recorder import Recorder
 
@@ -17,20 +20,41 @@ PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data
 
 
 def install(rec: Recorder) -> Callable[[], None]:
-    """Install every probe; returns a finalizer that flushes state still open at exit, then
-    removes the hooks and restores everything patched."""
+    """Install every probe once torch is imported (now, if it already is): a script that never
+    imports torch does not pay the second it takes to import. Returns a finalizer that flushes
+    state still open at exit, then removes the hooks and restores everything patched."""
     finalizers: list[tuple[str, Callable[[], None]]] = []
-    for name, target in _installers(rec):
-        try:
-            module, _, function = target.partition(":")
-            finalizer = getattr(importlib.import_module(module), function)(rec)
-        except Exception as exc:
-            rec.probe_failed(name, exc, phase="install")
-            continue
-        if finalizer is not None:
-            finalizers.append((name, finalizer))
+    installed = False
+
+    def install_all(_torch: Any = None) -> None:
+        nonlocal installed
+        installed = True
+        for name, target in _installers(rec):
+            try:
+                module, _, function = target.partition(":")
+                finalizer = getattr(importlib.import_module(module), function)(rec)
+            except Exception as exc:
+                rec.probe_failed(name, exc, phase="install")
+                continue
+            if finalizer is not None:
+                finalizers.append((name, finalizer))
+        rec.set_activity("starting")
+
+    def importing() -> None:
+        rec.activity = "importing"  # the live view shows it, with a timer; a long import is no stall
+
+    hook = None
+    if "torch" in sys.modules:
+        install_all()
+    else:
+        hook = AfterImport("torch", install_all, on_found=importing).insert()
 
     def finish() -> None:
+        if hook is not None:
+            hook.remove()
+        if not installed and "torch" in sys.modules:  # imported past the hook: nothing was probed
+            rec.probe_failed("lifecycle", RuntimeError("torch was imported without ddpdoctor's import hook firing, "
+                                                       "so no probe was installed"), phase="install")
         for name, finalizer in reversed(finalizers):
             try:
                 finalizer()

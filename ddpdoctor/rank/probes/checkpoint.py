@@ -9,7 +9,6 @@ identical per-rank copies from distinct per-rank state. Nothing the script write
 from __future__ import annotations
 
 import hashlib
-import importlib.abc
 import os
 import sys
 import threading
@@ -19,6 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from ddpdoctor.rank import callsite
+from ddpdoctor.rank.after_import import AfterImport
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import DistributedCheckpoint, Load, Save
@@ -85,54 +85,6 @@ def module_prefixed(obj: Any) -> bool:
     if keys and all(k.startswith("module.") for k in keys):
         return True
     return any(module_prefixed(obj[k]) for k in STATE_KEYS if isinstance(obj.get(k), dict))
-
-
-class AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``callback(module)`` once ``name`` has been imported (then leaves sys.meta_path).
-
-    It finds nothing itself: it asks the other finders for the module's spec and wraps that
-    loader's ``exec_module`` once, so the callback runs on the fully executed module."""
-
-    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        self.remove()
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            spec = find_spec(fullname, path, target) if find_spec is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        original = getattr(loader, "exec_module", None)
-        if original is None:
-            return spec
-        callback = self.callback
-
-        def exec_module(module: Any) -> None:
-            try:
-                original(module)
-            finally:
-                loader.__dict__.pop("exec_module", None)  # the loader as it was, module.__loader__ included
-            try:
-                callback(module)
-            except Exception:
-                pass  # a probe never breaks the script's import
-
-        try:
-            loader.exec_module = exec_module  # this loader instance only, until it ran
-        except (AttributeError, TypeError):
-            return spec  # a loader that takes no attributes: the module stays unpatched, as it would be
-        return spec
-
-    def remove(self) -> None:
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
 
 
 def install(rec: Recorder) -> Optional[Callable[[], None]]:
@@ -228,6 +180,4 @@ def install(rec: Recorder) -> Optional[Callable[[], None]]:
         with rec.guard(PROBE, DCP):
             patch_dcp(module)
 
-    hook = AfterImport(DCP, on_import)
-    sys.meta_path.insert(0, hook)
-    return hook.remove
+    return AfterImport(DCP, on_import).insert().remove

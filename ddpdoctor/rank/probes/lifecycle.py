@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import platform
-
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
@@ -12,7 +9,7 @@ import torch.distributed.distributed_c10d as c10d
 from ddpdoctor.rank import callsite
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.events import DestroyProcessGroup, InitProcessGroup, ProcessStart
+from ddpdoctor.schema.events import DestroyProcessGroup, InitProcessGroup
 
 PROBE = "lifecycle"
 
@@ -48,6 +45,3 @@ def install(rec: Recorder) -> None:
     for owner in (dist, c10d):
         patch(rec, PROBE, owner, "init_process_group", wrap_init)
         patch(rec, PROBE, owner, "destroy_process_group", wrap_destroy)
-    rec.emit(ProcessStart(pid=os.getpid(), host=rec.host, local_rank=rec.local_rank, node_rank=rec.node_rank,
-                          world_size=rec.world_size, fingerprint_every=rec.fingerprint_every,
-                          python_version=platform.python_version(), torch_version=str(torch.__version__)))
