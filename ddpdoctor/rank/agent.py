@@ -32,6 +32,23 @@ def quiet_numpy_warning() -> None:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 
+TAIL_INTERVAL_S = 0.02
+
+
+def quicker_tails() -> None:
+    """torchrun's --tee tails each rank's stdout and stderr files in threads that poll every 0.1 s,
+    and stops them one stream after the other, each waiting out a poll: 0.1-0.2 s added to every
+    run after its last rank exited. Polling every 20 ms costs those threads about 0.2% of a core."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    init = tail_log.TailLog.__init__
+
+    def __init__(self, *args, interval_sec: float = TAIL_INTERVAL_S, **kwargs) -> None:
+        init(self, *args, interval_sec=interval_sec, **kwargs)
+
+    tail_log.TailLog.__init__ = __init__
+
+
 def main() -> None:
     out_path, sep, *torchrun_args = sys.argv[1:]
     assert sep == "--", "usage: python agent.py OUT.json -- TORCHRUN_ARGS"
@@ -45,6 +62,7 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    quicker_tails()
     try:
         run(parse_args(torchrun_args))
     except ChildFailedError as exc:
