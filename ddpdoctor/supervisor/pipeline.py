@@ -64,6 +64,7 @@ def _run(config: RunConfig, display: Display, signals: StopSignals) -> "Report":
                           timeout_s=config.timeout_s, world_size=plan.world_size, signals=signals)
         job.start()
         try:
+            _preload_analysis()
             result = monitor.watch(job)
         finally:
             job.stop()
@@ -114,6 +115,21 @@ def _run_in_existing_launch(config: RunConfig, existing: launch.ExistingLaunch, 
                        failed=bool(run.collected.failures or run.collected.missing_ranks), started=started)
     finally:
         ranks.finish_rank_zero(run, node)  # after the report is built: the caller renders and writes it at once
+
+
+def _preload_analysis() -> None:
+    """Import the analysis side and the built-in checks (about 0.1 s) while torchrun's agent imports
+    torch and a core is idle, instead of after the job, where they add to the time to the verdict."""
+    try:
+        import ddpdoctor.analysis.evidence
+        import ddpdoctor.analysis.report
+        import ddpdoctor.analysis.runner
+        import ddpdoctor.analysis.suppression  # noqa: F401
+        from ddpdoctor.analysis.registry import load_checks
+
+        load_checks()  # a plugin that fails to load is reported with the checks, as it would be without this
+    except Exception:
+        pass  # the same import after the job raises it where it is reported
 
 
 def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: Collected, result: MonitorResult, *,
