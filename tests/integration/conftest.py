@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import pytest
 
@@ -112,18 +116,50 @@ def ddpdoctor_command(script: Optional[Path], json_path: Path, *options: str, sc
 _RUNS: dict[tuple, CheckRun] = {}
 
 
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder every pytest-xdist worker of this session sees (the workers' base folders share a parent)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextmanager
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, key: tuple) -> Iterator[Path]:
+    """Yields the session-wide folder of ``key``, locked: the first worker to ask makes its content,
+    a worker asking meanwhile waits, and later ones find it made."""
+    digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:24]
+    folder = shared_dir(tmp_path_factory, "shared-runs") / digest
+    folder.mkdir(exist_ok=True)
+    with open(folder.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture
-def run_check(tmp_path):
+def run_check(tmp_path, tmp_path_factory):
     """Run ``ddpdoctor check`` on a fixture (None: the reference job) and parse its JSON report.
 
     Runs are deterministic in what they report, so one run per (fixture, options, arguments) is
-    shared by every test that asserts on it: the suite stays within CI's time budget.
+    shared by every test that asserts on it, in every pytest-xdist worker: the suite stays within
+    CI's time budget. A run whose options name a test's own tmp_path is that test's alone.
     """
 
     def run(name: Optional[str], *options: str, script_args=(), timeout: float = 240) -> CheckRun:
         key = (name, options, tuple(script_args))
         if key not in _RUNS:
-            _RUNS[key] = _run(tmp_path, name, options, script_args, timeout)
+            with once_per_session(tmp_path_factory, ("check", *key)) as folder:
+                saved = folder / "run.json"
+                if saved.exists():
+                    _RUNS[key] = CheckRun(**json.loads(saved.read_text()))
+                else:
+                    _RUNS[key] = _run(tmp_path, name, options, script_args, timeout)
+                    saved.write_text(json.dumps(dataclasses.asdict(_RUNS[key])))
         return _RUNS[key]
 
     return run

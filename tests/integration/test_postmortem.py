@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, once_per_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fr_harness"))
 from fr_launch import run_with_recorder  # noqa: E402
@@ -30,6 +30,22 @@ CASES = {
     "kill_rank.py": (2, (), None, ("rank-failure", "error")),
     "hang_subgroup_mismatch.py": (4, ("-n", "4", "--hang-timeout", "5"), "dist.reduce(stats", ("collective-hang", "error")),
 }
+
+
+@pytest.fixture
+def recorded(tmp_path_factory):
+    """``recorded(fixture, nproc)``: the folder of one plain-torchrun run of the fixture with the
+    recorder on, made once per session and only read by the tests (``analyze`` writes elsewhere)."""
+
+    def record(fixture: str, nproc: int = 2) -> Path:
+        with once_per_session(tmp_path_factory, ("recorded", fixture, nproc)) as folder:
+            dumps = folder / "dumps"
+            if not (folder / "done").exists():
+                run_with_recorder(fixture, dumps, nproc=nproc)
+                (folder / "done").touch()
+        return dumps
+
+    return record
 
 
 def _line_of(fixture: str, text: str) -> int:
@@ -65,12 +81,11 @@ def analyze(*paths: Path, tmp_path: Path, extra: tuple = ()) -> tuple[int, Optio
 
 
 @pytest.mark.parametrize("fixture", sorted(CASES))
-def test_analyze_names_the_root_cause_check_names(run_check, tmp_path, fixture):
+def test_analyze_names_the_root_cause_check_names(run_check, recorded, tmp_path, fixture):
     nproc, options, bug_line, expected = CASES[fixture]
     live = run_check(fixture, *options)
     assert live.report is not None, live.output[-3000:]
-    dumps = tmp_path / "dumps"
-    run_with_recorder(fixture, dumps, nproc=nproc)
+    dumps = recorded(fixture, nproc)
     code, post, output = analyze(dumps, tmp_path=tmp_path)
     assert code == 1 and post is not None, output[-3000:]
     assert post["launch_mode"] == "post-mortem" and post["world_size"] == nproc
@@ -82,9 +97,8 @@ def test_analyze_names_the_root_cause_check_names(run_check, tmp_path, fixture):
         assert post_root["location"] == (fixture, _line_of(fixture, bug_line)), output[-3000:]
 
 
-def test_stuck_rank_is_named_with_its_last_collective_and_line(tmp_path):
-    dumps = tmp_path / "dumps"
-    run_with_recorder("hang_rank_stuck_in_own_code.py", dumps)
+def test_stuck_rank_is_named_with_its_last_collective_and_line(recorded, tmp_path):
+    dumps = recorded("hang_rank_stuck_in_own_code.py")
     code, post, output = analyze(dumps, tmp_path=tmp_path)
     (finding,) = post["findings"]
     assert "rank 1 is not inside a collective: stuck in its own code after _synthetic.py:" in finding["message"]
@@ -94,9 +108,8 @@ def test_stuck_rank_is_named_with_its_last_collective_and_line(tmp_path):
     assert "rank 1 never called collective" in finding["message"]
 
 
-def test_a_rank_without_dump_is_named_and_the_kill_is_the_cause(tmp_path):
-    dumps = tmp_path / "dumps"
-    run_with_recorder("kill_rank.py", dumps)
+def test_a_rank_without_dump_is_named_and_the_kill_is_the_cause(recorded, tmp_path):
+    dumps = recorded("kill_rank.py")
     assert not (dumps / "fr_trace_rank_1").exists()
     code, post, output = analyze(dumps, tmp_path=tmp_path)
     assert post["missing_ranks"] == [1]
@@ -111,9 +124,8 @@ def test_a_rank_without_dump_is_named_and_the_kill_is_the_cause(tmp_path):
     assert "no dump from rank 1" in only_dumps["post_mortem"]["notes"]
 
 
-def test_every_report_format_and_the_exit_codes(tmp_path):
-    dumps = tmp_path / "dumps"
-    run_with_recorder("hang_collective_some_ranks.py", dumps)
+def test_every_report_format_and_the_exit_codes(recorded, tmp_path):
+    dumps = recorded("hang_collective_some_ranks.py")
     out = tmp_path / "out"
     code, post, output = analyze(dumps, tmp_path=tmp_path, extra=(
         "--junit", str(out / "junit.xml"), "--sarif", str(out / "r.sarif"), "--markdown", str(out / "r.md"),
