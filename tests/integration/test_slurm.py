@@ -37,6 +37,11 @@ def slurm():
         cluster.stop()
 
 
+# The reference job as short as these tests' assertions need (launch, ranks, hosts, one report): one
+# epoch of 1024 samples, no bandwidth sweep (4 ranks share the machine's two cores).
+SHORT = ("--", "--epochs", "1", "--num-samples", "1024", "--no-benchmark")
+
+
 def _doctor(*args: str) -> list[str]:
     return [sys.executable, "-m", "ddpdoctor", "check", *args]
 
@@ -105,7 +110,7 @@ def _assert_quiet(output: str) -> None:
 
 def test_srun_4_tasks_is_one_job_of_4_ranks(slurm, tmp_path):
     """`srun -n 4 ddpdoctor check`: one reference job of 4 ranks, one report, exit 0, no noise."""
-    proc = _srun(slurm, tmp_path, "-n", "4", *_doctor("--json", str(tmp_path / "report.json"), "--plain"))
+    proc = _srun(slurm, tmp_path, "-n", "4", *_doctor("--json", str(tmp_path / "report.json"), "--plain", *SHORT))
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert output.count("verdict:") == 1, output[-3000:]
@@ -240,7 +245,7 @@ def shared_dir():
 
 def test_srun_across_two_nodes_is_one_job(two_nodes, shared_dir):
     proc = _srun(two_nodes, shared_dir, "-N", "2", "-n", "4", "--ntasks-per-node=2",
-                 *_doctor("--json", str(shared_dir / "report.json"), "--plain"))
+                 *_doctor("--json", str(shared_dir / "report.json"), "--plain", *SHORT))
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     report = json.loads((shared_dir / "report.json").read_text())
