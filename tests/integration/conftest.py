@@ -133,7 +133,7 @@ def once_per_session(tmp_path_factory: pytest.TempPathFactory, key: tuple) -> It
     digest = hashlib.sha256(json.dumps(key, default=str).encode()).hexdigest()[:24]
     folder = shared_dir(tmp_path_factory, "shared-runs") / digest
     folder.mkdir(exist_ok=True)
-    with open(folder.with_suffix(".lock"), "w") as lock:
+    with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield folder
