@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.abc
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Optional
 
 __all__ = ["AfterImport"]
@@ -21,10 +22,12 @@ class AfterImport(importlib.abc.MetaPathFinder):
     loader's ``exec_module`` once, so the callback runs on the fully executed module."""
 
     def __init__(self, name: str, callback: Callable[[Any], None], *,
-                 on_found: Optional[Callable[[], None]] = None) -> None:
+                 on_found: Optional[Callable[[], None]] = None,
+                 around: Callable[[], AbstractContextManager] = nullcontext) -> None:
         self.name = name
         self.callback = callback
         self.on_found = on_found  # called as the import begins, before the module's code runs
+        self.around = around  # a context the module's code and then the callback run in
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname != self.name:
@@ -46,17 +49,18 @@ class AfterImport(importlib.abc.MetaPathFinder):
         original = getattr(loader, "exec_module", None)
         if original is None:
             return spec
-        callback = self.callback
+        callback, around = self.callback, self.around
 
         def exec_module(module: Any) -> None:
-            try:
-                original(module)
-            finally:
-                loader.__dict__.pop("exec_module", None)  # the loader as it was, module.__loader__ included
-            try:
-                callback(module)
-            except Exception:
-                pass  # a probe never breaks the script's import
+            with around():
+                try:
+                    original(module)
+                finally:
+                    loader.__dict__.pop("exec_module", None)  # the loader as it was, module.__loader__ included
+                try:
+                    callback(module)
+                except Exception:
+                    pass  # a probe never breaks the script's import
 
         try:
             loader.exec_module = exec_module  # this loader instance only, until it ran

@@ -56,11 +56,14 @@ def main() -> None:
         sys.path.pop(0)  # run by path: this package's modules must not pose as top-level ones
     _die_with_parent()
     quiet_numpy_warning()
+    from ddpdoctor.rank.gc_pause import gc_paused
+
     # torchrun's own log lines (a worker failed, a death signal received) reach the supervisor, which
     # keeps them off the screen (supervisor/output.py) and in the report's launcher log instead.
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    with gc_paused():
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import parse_args, run
 
     quicker_tails()
     try:

@@ -1,11 +1,16 @@
-"""AfterImport runs its callback on the fully imported module, once, and leaves sys.meta_path."""
+"""AfterImport runs its callback on the fully imported module, once, and leaves sys.meta_path; the
+module's code and the callback can run inside a context (the collector paused for torch's import)."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
+import pytest
+
 from ddpdoctor.rank.after_import import AfterImport
+from ddpdoctor.rank.gc_pause import gc_paused
 
 
 def _package(tmp_path, name: str) -> None:
@@ -68,3 +73,45 @@ def test_a_callback_that_fails_never_breaks_the_import(tmp_path, monkeypatch):
     finally:
         hook.remove()
         sys.modules.pop("fake_dcp_c", None)
+
+
+def _module_reporting_gc(tmp_path, name: str, body: str = "") -> None:
+    (tmp_path / f"{name}.py").write_text(f"import gc\nGC_DURING_IMPORT = gc.isenabled()\n{body}")
+
+
+def test_the_module_and_the_callback_run_with_the_collector_paused(tmp_path, monkeypatch):
+    _module_reporting_gc(tmp_path, "fake_torch_gc")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = AfterImport("fake_torch_gc", lambda module: seen.append(gc.isenabled()), around=gc_paused).insert()
+    try:
+        assert gc.isenabled()
+        module = importlib.import_module("fake_torch_gc")
+        assert module.GC_DURING_IMPORT is False and seen == [False]
+        assert gc.isenabled()  # running again once the import returned
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_torch_gc", None)
+
+
+def test_a_failed_import_restores_the_collector_and_a_disabled_one_stays_off(tmp_path, monkeypatch):
+    _module_reporting_gc(tmp_path, "fake_torch_broken", "raise ImportError('broken install')\n")
+    _module_reporting_gc(tmp_path, "fake_torch_off")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hook = AfterImport("fake_torch_broken", lambda module: None, around=gc_paused).insert()
+    try:
+        with pytest.raises(ImportError, match="broken install"):
+            importlib.import_module("fake_torch_broken")
+        assert gc.isenabled()
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_torch_broken", None)
+    hook = AfterImport("fake_torch_off", lambda module: None, around=gc_paused).insert()
+    gc.disable()  # the script turned the collector off itself
+    try:
+        importlib.import_module("fake_torch_off")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        hook.remove()
+        sys.modules.pop("fake_torch_off", None)

@@ -10,6 +10,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 from ddpdoctor.rank.after_import import AfterImport
+from ddpdoctor.rank.gc_pause import gc_paused
 from ddpdoctor.rank.probes import patching
 from ddpdoctor.rank.recorder import Recorder
 
@@ -47,7 +48,7 @@ def install(rec: Recorder) -> Callable[[], None]:
     if "torch" in sys.modules:
         install_all()
     else:
-        hook = AfterImport("torch", install_all, on_found=importing).insert()
+        hook = AfterImport("torch", install_all, on_found=importing, around=gc_paused).insert()
 
     def finish() -> None:
         if hook is not None:

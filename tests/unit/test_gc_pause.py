@@ -1,0 +1,64 @@
+"""The collector is paused while torch and torch._dynamo import under the probes, and only then: no
+automatic collection runs inside either import, and the script's collector works as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import gc, json, os, sys
+    from ddpdoctor.rank import probes
+    from ddpdoctor.rank.recorder import Recorder
+    from ddpdoctor.schema.settings import RankSettings
+
+    during = {"torch": 0, "torch._dynamo": 0}
+    def count(phase, info):
+        for name in during:
+            module = sys.modules.get(name)
+            if phase == "start" and module is not None and getattr(module.__spec__, "_initializing", False):
+                during[name] += 1
+    gc.callbacks.append(count)
+    rec = Recorder(RankSettings.from_env())
+    finish = probes.install(rec)
+    import torch
+    import torch.distributed as dist
+    seen = {"enabled_after_import": gc.isenabled()}
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    model(torch.randn(2, 4)).sum().backward()
+    seen["enabled_after_ddp"] = gc.isenabled()
+    seen["dynamo_imported"] = "torch._dynamo" in sys.modules
+    before = gc.get_stats()[0]["collections"]
+    junk = [[i] for i in range(20000)]
+    seen["collects_after"] = gc.get_stats()[0]["collections"] > before
+    seen["during"] = during
+    dist.destroy_process_group()
+    finish()
+    rec.close()
+    print(json.dumps(seen))
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_no_collection_runs_inside_torchs_imports_and_the_collector_runs_after(tmp_path):
+    env = {**os.environ, "DDPDOCTOR_EVIDENCE_DIR": str(tmp_path), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port())}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    during = seen.pop("during")
+    assert seen == {"enabled_after_import": True, "enabled_after_ddp": True, "dynamo_imported": True,
+                    "collects_after": True}
+    # At most the one collection that runs as the pause ends, while importlib still marks the module
+    # as importing; unpaused, each import runs hundreds.
+    assert during["torch"] <= 1 and during["torch._dynamo"] <= 1, during
