@@ -132,13 +132,17 @@ def _wrap_site(evidence: Evidence, ddp: Optional[int]) -> Optional[Location]:
 
 
 def _reduced(div: Divergence) -> Optional[dict[int, list]]:
-    """Each rank's norm of the divergent gradient as DDP's all-reduce left it (as [norm]), when
-    every rank knows it: its gradients before the step when none changed since, else Step.reduced."""
+    """Each rank's fingerprint of the divergent gradient as DDP's all-reduce left it, when every
+    rank knows it: Step.reduced (sampled, on every rank alike), or in older evidence the
+    gradients before the step where none changed since."""
     out = {}
+    sampled = any(step.reduced is not None and not step.touched for step in div.events.values())
     for rank, step in div.events.items():
         if step.touched is None:
             return None
-        encoded = step.reduced if step.touched else step.grads
+        if step.reduced is None and (step.touched or sampled):
+            return None  # not comparable with the other ranks' values
+        encoded = step.reduced if step.reduced is not None else step.grads
         values = decode_fingerprints(encoded or "")
         if div.index >= len(values):
             return None

@@ -11,6 +11,14 @@ a float norm rounds away. Viewing a float tensor's bytes as int64 is a no-op vie
 int64 runs at memory speed on the CPU, unlike a norm and a max (two reads) or a float64
 accumulation. Small tensors (layer norms, biases) are summed together in a few kernels, so a
 model of many small tensors does not pay a kernel launch for each on a GPU.
+
+A sampled fingerprint (``start(..., sampled=True)``) sums only a strided sample of a big tensor's
+words, about one 64-byte line in every 4 KiB, at a few percent of a full read; small tensors are
+summed whole. It tells whether a tensor changed between two moments, or differs across ranks,
+wherever a change reaches most of its elements (a scaling, a clipping, a rank-dependent rounding),
+not a change confined to a few elements. Its only use is the snapshot of the gradients at the end
+of DDP's all-reduce (:mod:`ddpdoctor.rank.probes.wrapping`): the one full read of the gradients
+stays the one before the step, so a fingerprinted step reads gradients and parameters once each.
 """
 
 from __future__ import annotations
@@ -38,6 +46,11 @@ class Pending:
 
 
 _SMALL_WORDS = 1 << 15  # below this many 64-bit words a tensor's own sum kernel is launch-bound
+# A sample every 509 words (a prime, so that samples walk through every column of a power-of-two row
+# width rather than always hitting the same ones), 8 words (one cache line's worth) each: 1/64 of
+# the words, 2-3% of a full read's memory traffic.
+_SAMPLE_STRIDE = 509
+_SAMPLE_RUN = 8
 
 
 def _aligned_words(t: torch.Tensor) -> Optional[torch.Tensor]:
@@ -55,6 +68,13 @@ def _word_sum(t: torch.Tensor) -> torch.Tensor:
     """The wrapping int64 sum of ``t``'s bytes as 64-bit words (a 0-d tensor on ``t``'s device)."""
     words = _aligned_words(t)
     return words.sum() if words is not None else _unaligned_word_sum(t)
+
+
+def _sampled_word_sum(words: torch.Tensor) -> torch.Tensor:
+    """The wrapping sum of runs of ``_SAMPLE_RUN`` words every ``_SAMPLE_STRIDE`` words of a 1-d
+    int64 view of at least ``_SMALL_WORDS`` words (no copy)."""
+    rows = (words.numel() - _SAMPLE_RUN) // _SAMPLE_STRIDE + 1
+    return words.as_strided((rows, _SAMPLE_RUN), (_SAMPLE_STRIDE, 1)).sum()
 
 
 def _unaligned_word_sum(t: torch.Tensor) -> torch.Tensor:
@@ -98,8 +118,10 @@ def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
-    """Launch the fingerprint kernels of ``tensors`` without waiting for them."""
+def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False) -> Pending:
+    """Launch the fingerprint kernels of ``tensors`` without waiting for them; ``sampled``: the
+    sampled fingerprint of big tensors (see the module's docstring), comparable only with another
+    sampled one."""
     own: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # a kernel each
     small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
     fixed: dict[int, list] = {}
@@ -115,6 +137,8 @@ def start(tensors: Sequence[Optional[torch.Tensor]]) -> Pending:
             words = _aligned_words(t)
             if words is not None and words.numel() < _SMALL_WORDS:
                 small[t.device].append((i, words))
+            elif sampled and words is not None:
+                own[t.device].append((i, _sampled_word_sum(words)))
             else:
                 own[t.device].append((i, words.sum() if words is not None else _unaligned_word_sum(t)))
     parts = []

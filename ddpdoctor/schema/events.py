@@ -255,9 +255,11 @@ class Step(Event):
     forwards: dict = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
     # On sampled steps: a digest of what must agree across ranks (ConfigState holds the detail);
-    # how many gradients changed between the end of DDP's all-reduce and the step, by their
-    # fingerprints (None: not known); when that is not 0, the gradients' fingerprints as the
-    # all-reduce left them (a gradient DDP does not reduce: its own value before the step).
+    # how many gradients changed between the end of DDP's all-reduce and the step, by their sampled
+    # fingerprints (None: not known); the gradients' sampled fingerprints as the all-reduce left
+    # them (rank/fingerprint.py; a gradient DDP does not reduce: its sampled value before the step),
+    # comparable across ranks, not with ``grads``. Evidence from earlier builds has ``reduced``
+    # only where ``touched`` is not 0, as full fingerprints.
     config: Optional[str] = None
     touched: Optional[int] = None
     reduced: Optional[str] = None

@@ -104,3 +104,48 @@ def test_small_tensors_summed_together_match_their_own_sums_in_any_mix():
     assert fp.fingerprint(tensors) == expected
     assert fp.fingerprint(tensors) == expected, "the cached end positions give the same sums on the next step"
     assert fp.fingerprint(tensors[::-1]) == expected[::-1]
+
+
+def _sampled_reference(t: torch.Tensor) -> int:
+    """Runs of _SAMPLE_RUN words every _SAMPLE_STRIDE words, summed modulo 2**64."""
+    words = t.detach().contiguous().reshape(-1).view(torch.int64).numpy().astype(object)
+    total = sum(int(words[k:k + fp._SAMPLE_RUN].sum()) for k in range(0, len(words) - fp._SAMPLE_RUN + 1,
+                                                                        fp._SAMPLE_STRIDE))
+    total %= 2 ** 64
+    return total - 2 ** 64 if total >= 2 ** 63 else total
+
+
+def test_a_sampled_fingerprint_sums_a_strided_sample_of_big_tensors_and_all_of_small_ones():
+    generator = torch.Generator().manual_seed(2)
+    big = torch.randn(1000, 1000, generator=generator)
+    bucket = torch.randn(fp._SMALL_WORDS * 2 + 700, generator=generator)
+    view = bucket[2:]  # a bucket view at an 8-byte boundary
+    small = torch.randn(300, generator=generator)
+    values = fp.start([big, view, small, None], sampled=True).values()
+    assert values == [[_sampled_reference(big)], [_sampled_reference(view)], [reference(small)], None]
+    assert values[0] != fp.fingerprint([big])[0], "a sample, not the full sum"
+
+
+def test_a_sampled_fingerprint_separates_the_changes_ddp_bugs_make():
+    """What the reduced-gradient snapshot must see: a rank-dependent scaling, rounding drift of one
+    ulp spread over the tensor, a sign flip, one row rewritten. A change confined to a few elements
+    can fall between the samples: that is why the full fingerprint before the step stays."""
+    torch.manual_seed(0)
+    grad = torch.randn(1024, 1024)
+    base = fp.start([grad], sampled=True).values()[0]
+
+    def sampled(t: torch.Tensor) -> list:
+        return fp.start([t], sampled=True).values()[0]
+
+    assert sampled(grad.clone()) == base
+    assert sampled(grad * 0.5) != base
+    drift = grad.clone()
+    drift.view(torch.int32)[:, ::7] ^= 1  # one ulp in one element of seven: a different rounding
+    assert sampled(drift) != base
+    assert sampled(-grad) != base
+    row = grad.clone()
+    row[517] = torch.randn(1024)  # one row of 4 KiB: the prime stride lands in every row
+    assert sampled(row) != base
+    one = grad.clone()
+    one.view(-1)[1000] += 1.0  # word 500: between the samples at words 0-7 and 509-516
+    assert sampled(one) == base and fp.fingerprint([one]) != fp.fingerprint([grad])

@@ -286,6 +286,35 @@ def test_reduced_gradients_equal_but_changed_afterwards_on_one_rank_is_a_modific
     assert finding.evidence["changed_after_all_reduce"] == {"1": 2}
 
 
+def test_sampled_snapshots_that_differ_across_ranks_name_the_comm_hook():
+    """Every rank records the sampled fingerprints of the reduced gradients (new evidence): they are
+    compared with each other, never with the full fingerprints before the step."""
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook("flaky_allreduce", line=36)], {
+        0: [step(3, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0))],
+        1: [step(3, fp(1.001, 2.0), touched=0, reduced=fp(7.5, 8.0))],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "comm-hook"
+
+
+def test_equal_sampled_snapshots_and_a_change_on_one_rank_is_a_modification():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
+        0: [step(3, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0))],
+        1: [step(3, fp(0.5, 2.0), touched=1, reduced=fp(7.0, 8.0))],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "modified-after-backward"
+    assert finding.evidence["changed_after_all_reduce"] == {"1": 1}
+
+
+def test_a_rank_without_its_sampled_snapshot_is_never_compared_with_full_values():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
+        0: [step(3, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0))],
+        1: [step(3, fp(1.001, 2.0), touched=0)],
+    })
+    assert only_finding(result).evidence["case"] == "modified-after-backward"
+
+
 def test_reduced_gradients_unknown_on_a_rank_keep_the_generic_case():
     result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
         0: [step(3, fp(1.0, 2.0), touched=0)],

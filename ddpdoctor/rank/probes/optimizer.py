@@ -14,9 +14,10 @@ Two patterns real code uses shape this probe:
 Every step also compares the param groups' values with the previous step's (a write names its
 line, :mod:`ddpdoctor.rank.probes.config`). Sampled steps carry a digest of what must agree across
 ranks (``Step.config``, the detail in a ``ConfigState`` when it changes), how many gradients
-changed since DDP's all-reduce left them (``Step.touched``, against the fingerprints
-:mod:`ddpdoctor.rank.probes.wrapping` took then, written in ``Step.reduced`` when not 0), and the
-parameters written outside the optimizer since its previous step (``Step.written``).
+changed since DDP's all-reduce left them (``Step.touched``: the sampled fingerprints
+:mod:`ddpdoctor.rank.probes.wrapping` took then, in ``Step.reduced``, against the same sample before
+the step), and the parameters written outside the optimizer since its previous step
+(``Step.written``). Gradients and parameters are each read in full once per sampled step.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class _OptimizerState:
         self.config: Optional[tuple] = None  # (digest function's inputs) captured before a sampled step
         self.last_digest: Optional[str] = None
         self.reduced: Optional[wrapping.Reduced] = None
+        self.sampled_grads: Optional[fingerprints.Pending] = None  # compared with the reduced snapshot
         self.scale: Optional[fingerprints.Pending] = None
         self.versions: Optional[list[int]] = None  # parameters' version counters after a step before a sampled one
         self.written: Optional[fingerprints.Pending] = None
@@ -113,7 +115,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         rec.set_activity("optimizer.step")
         state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
         state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
-        state.pending_grads = state.reduced = state.scale = state.config = None
+        state.pending_grads = state.reduced = state.sampled_grads = state.scale = state.config = None
         with rec.guard(PROBE, "param_groups"):
             _watch_param_groups(rec, state, optimizer)
         if state.sampled:
@@ -122,9 +124,12 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.written = None
         if state.sampled and not state.closure:
             params = _params_of(optimizer)
-            state.pending_grads = fingerprints.start([p.grad for p in params])
+            grads = [p.grad for p in params]
+            state.pending_grads = fingerprints.start(grads)
             with rec.guard(PROBE, "reduced gradients"):
                 state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
+                if state.reduced is not None:
+                    state.sampled_grads = fingerprints.start(grads, sampled=True)
             with rec.guard(PROBE, "written parameters"):
                 state.written = _written_since_last_step(state, params)
         state.versions = None
@@ -144,7 +149,7 @@ def install(rec: Recorder) -> Callable[[], None]:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 _fingerprint_step(rec, state, optimizer, step)
         rec.emit(step)
-        state.pending_grads = state.reduced = state.scale = state.config = state.written = None
+        state.pending_grads = state.reduced = state.sampled_grads = state.scale = state.config = state.written = None
         next_sampled = should_fingerprint(state.num_steps + 1, rec.fingerprint_every)
         if next_sampled:  # what writes the parameters before the next step shows in their version counters
             state.versions = [p._version for p in _params_of(optimizer)]
@@ -227,18 +232,18 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         grads = fingerprints.start([p.grad for p in params])
     if grads is None:
         return
-    reduced = state.reduced if not state.closure else None
-    extra = [*(reduced.pendings if reduced is not None else []), *([state.scale] if state.scale is not None else []),
-             *([state.written] if state.written is not None else [])]
+    reduced = state.reduced if not state.closure and state.sampled_grads is not None else None
+    extra = [*([state.sampled_grads, *reduced.pendings] if reduced is not None else []),
+             *([state.scale] if state.scale is not None else []), *([state.written] if state.written is not None else [])]
     resolved = fingerprints.resolve(grads, fingerprints.start(params), *extra)
     grad_values, param_values = resolved.pop(0), resolved.pop(0)
     if state.written is not None:
         step.written = encode_fingerprints(resolved.pop())
     scale_value = _float_of_bits(resolved.pop()[0][0]) if state.scale is not None else None
     if reduced is not None:
-        step.touched, as_reduced = reduced.compare(resolved, grad_values)
-        if step.touched:
-            step.reduced = encode_fingerprints(as_reduced)
+        sampled_values = resolved.pop(0)
+        step.touched, as_reduced = reduced.compare(resolved, sampled_values)
+        step.reduced = encode_fingerprints(as_reduced)
     step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
     if state.config is not None:
         digest, detail = state.config

@@ -44,7 +44,8 @@ MAX_OUTPUT_HOOKS = 8
 
 @dataclass
 class Snapshot:
-    """The fingerprints of one DDP module's gradients at the end of a synchronized backward."""
+    """The sampled fingerprints of one DDP module's gradients at the end of a synchronized backward
+    (a few percent of a full read: the full one is taken before the step)."""
 
     pending: fingerprints.Pending
     owner_steps: int  # OWNER_STEPS of this DDP module when taken: valid until one of its optimizers steps
@@ -270,7 +271,7 @@ def _snapshot(rec: Recorder, index: int) -> None:
         wrapped = WRAPPED.get(index)
         if wrapped is None:
             return
-        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start([p.grad for p in wrapped.params]),
+        SNAPSHOTS[index] = Snapshot(pending=fingerprints.start([p.grad for p in wrapped.params], sampled=True),
                                     owner_steps=OWNER_STEPS.get(index, 0))
         if index not in OWNED:
             NEXT_SAMPLED[index] = False
@@ -307,8 +308,10 @@ class Reduced:
     where: list
 
     def compare(self, resolved: list[list], before_step: list) -> tuple[int, list]:
-        """(how many gradients changed between DDP's all-reduce and the step, their fingerprints as
-        the all-reduce left them); an uncovered gradient counts as unchanged, with its own value."""
+        """(how many gradients changed between DDP's all-reduce and the step, their sampled
+        fingerprints as the all-reduce left them), from the snapshots' ``resolved`` values and the
+        sampled fingerprints ``before_step``; an uncovered gradient counts as unchanged, with its
+        value before the step."""
         reduced, changed = [], 0
         for i, w in enumerate(self.where):
             now = before_step[i] if i < len(before_step) else None
