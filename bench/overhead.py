@@ -19,6 +19,7 @@ CONFIGS = {
     "plain torchrun": ("torchrun", {}, ()),
     "ddpdoctor check (default schedule)": ("doctor", {}, ()),
     "ddpdoctor check --fingerprint-every 1": ("doctor", {}, ("--fingerprint-every", "1")),
+    "ddpdoctor check --fingerprint-every 2": ("doctor", {}, ("--fingerprint-every", "2")),
     "torchrun, TORCH_DISTRIBUTED_DEBUG=INFO": ("torchrun", {"TORCH_DISTRIBUTED_DEBUG": "INFO"}, ()),
     "torchrun, TORCH_DISTRIBUTED_DEBUG=DETAIL": ("torchrun", {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, ()),
 }
@@ -29,27 +30,37 @@ def step_times(result: Run) -> tuple[float, float] | None:
     return (float(match.group(1)), float(match.group(2))) if match else None
 
 
+def parity_ratio(result: Run) -> float | None:
+    """The median odd step over the median even step of one run (see workloads/mlp_step.py)."""
+    match = re.search(r"STEP_PARITY_MS odd ([\d.]+) even ([\d.]+)", result.output)
+    return float(match.group(1)) / float(match.group(2)) if match else None
+
+
 def _spread(values: list[float]) -> str:
     return f"{min(values):.3f}-{max(values):.3f}" if len(values) > 1 else "-"
 
 
-def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | None = None) -> None:
+def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | None = None,
+                   debug_modes: bool = True) -> None:
     """Each round runs every configuration once, in turn; a configuration's overhead is its median
     step over plain torchrun's median step in the same round (paired, so the machine's drift between
     rounds cancels), then the median of those ratios over the rounds with their range as the spread.
     Ranks are pinned to a core each."""
     script = WORKLOADS / "mlp_step.py"
     args = ("--steps", str(steps), "--pin")
-    configs = dict(CONFIGS)
+    configs = {name: config for name, config in CONFIGS.items() if debug_modes or "DEBUG" not in name}
     if baseline_python:  # right after this build's default schedule, which it is compared with
-        items = list(CONFIGS.items())
+        items = list(configs.items())
         configs = {**dict(items[:2]), "baseline install, default schedule": ("baseline", {}, ()), **dict(items[2:3]),
                    "baseline install, --fingerprint-every 1": ("baseline", {}, ("--fingerprint-every", "1")),
-                   **dict(items[3:])}
+                   **dict(items[3:4]),
+                   "baseline install, --fingerprint-every 2": ("baseline", {}, ("--fingerprint-every", "2")),
+                   **dict(items[4:])}
     ratios: dict[str, list[float]] = {name: [] for name in configs}
     mean_ratios: dict[str, list[float]] = {name: [] for name in configs}
     medians: dict[str, list[float]] = {name: [] for name in configs}
     crashes: dict[str, list[str]] = {name: [] for name in configs}
+    parities: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(rounds):
         this_round: dict[str, tuple[float, float]] = {}
         for name, (launcher, env, options) in configs.items():
@@ -66,6 +77,9 @@ def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | Non
             else:
                 this_round[name] = times
                 medians[name].append(times[0])
+                parity = parity_ratio(result)
+                if parity is not None:
+                    parities[name].append(parity)
         plain = this_round.get("plain torchrun")
         for name, (median, mean) in this_round.items():
             if plain:
@@ -85,3 +99,9 @@ def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | Non
           f"over {rounds} interleaved rounds and its range",
           ["configuration", "median step ms", "median vs plain", "range", "mean vs plain", "range", "crashed runs"],
           rows)
+    table("the same runs, step beside step: the median odd step over the median even step of each run (under "
+          "--fingerprint-every 2 the odd steps are fingerprinted and the even ones not, so this is a fingerprint's "
+          "cost with the drift between runs left out; elsewhere both kinds of steps are alike and it shows the "
+          "method's resolution), the median over the rounds and its range",
+          ["configuration", "odd / even step", "range"],
+          [[name, f"{statistics.median(values):.3f}x", _spread(values)] for name, values in parities.items() if values])

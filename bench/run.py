@@ -49,6 +49,9 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--baseline-python", metavar="PATH",
                         help="overhead: also time the default schedule of the ddpdoctor installed for this Python")
+    parser.add_argument("--rounds", type=int, help="overhead: interleaved rounds (default 5, 1 with --quick)")
+    parser.add_argument("--no-debug-modes", action="store_true",
+                        help="overhead: leave out torchrun with TORCH_DISTRIBUTED_DEBUG=INFO/DETAIL (quicker rounds)")
     args = parser.parse_args()
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
@@ -58,19 +61,21 @@ def main() -> None:
     quick = args.quick
     for section in chosen:
         try:
-            run_section(section, cwd, quick, args.baseline_python)
+            run_section(section, cwd, quick, args.baseline_python, args.rounds, not args.no_debug_modes)
         except Exception as exc:  # one broken section must not hide the others' tables
             print(f"\n{section}: FAILED: {type(exc).__name__}: {exc}")
         sys.stdout.flush()
 
 
-def run_section(section: str, cwd: str, quick: bool, baseline_python: str | None = None) -> None:
+def run_section(section: str, cwd: str, quick: bool, baseline_python: str | None = None,
+                rounds: int | None = None, debug_modes: bool = True) -> None:
     if section == "fingerprint":
         bench_fingerprint()
     elif section == "config":
         subprocess.run([PY, str(ROOT / "bench" / "config_cost.py")], check=False)  # its own process group
     elif section == "overhead":
-        bench_overhead(cwd, rounds=1 if quick else 5, steps=40 if quick else 200, baseline_python=baseline_python)
+        bench_overhead(cwd, rounds=rounds or (1 if quick else 5), steps=40 if quick else 200,
+                       baseline_python=baseline_python, debug_modes=debug_modes)
     elif section == "verdict":
         bench_verdict(cwd, rounds=1 if quick else 3)
     elif section == "hangs":

@@ -2,7 +2,10 @@
 steps; rank 0 prints the median and the mean step after 10 warm-up steps.
 
 Run plain under torchrun and under `ddpdoctor check` to measure the probes' per-step cost: the
-median is a step without a fingerprint, the mean counts the fingerprinted ones too.
+median is a step without a fingerprint, the mean counts the fingerprinted ones too. It also prints
+the median of the odd and of the even steps (1-based): under `--fingerprint-every 2` the odd ones
+are fingerprinted, so their ratio is a fingerprint's cost measured step beside step in one run,
+where the machine's drift between runs cannot reach it (plain torchrun's ratio is the control).
 """
 
 from __future__ import annotations
@@ -49,10 +52,14 @@ def main() -> None:
         optimizer.step()
         times.append(time.perf_counter() - start)
     steady = times[10:]
+    odd = [t for i, t in enumerate(times) if i >= 10 and i % 2 == 0]  # steps 11, 13, ... (1-based)
+    even = [t for i, t in enumerate(times) if i >= 10 and i % 2 == 1]
     if dist.get_rank() == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"STEP_TIME_MS median {statistics.median(steady) * 1000:.3f} mean {statistics.fmean(steady) * 1000:.3f} "
               f"PARAMS {params} TENSORS {len(list(model.parameters()))}", flush=True)
+        print(f"STEP_PARITY_MS odd {statistics.median(odd) * 1000:.3f} even {statistics.median(even) * 1000:.3f}",
+              flush=True)
     dist.destroy_process_group()
 
 

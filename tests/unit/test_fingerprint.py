@@ -128,7 +128,7 @@ def test_a_sampled_fingerprint_sums_a_strided_sample_of_big_tensors_and_all_of_s
 
 def test_a_sampled_fingerprint_separates_the_changes_ddp_bugs_make():
     """What the reduced-gradient snapshot must see: a rank-dependent scaling, rounding drift of one
-    ulp spread over the tensor, a sign flip, one row rewritten. A change confined to a few elements
+    ulp spread over the tensor, a sign flip, a few rows rewritten. A change confined to a few elements
     can fall between the samples: that is why the full fingerprint before the step stays."""
     torch.manual_seed(0)
     grad = torch.randn(1024, 1024)
@@ -143,9 +143,9 @@ def test_a_sampled_fingerprint_separates_the_changes_ddp_bugs_make():
     drift.view(torch.int32)[:, ::7] ^= 1  # one ulp in one element of seven: a different rounding
     assert sampled(drift) != base
     assert sampled(-grad) != base
-    row = grad.clone()
-    row[517] = torch.randn(1024)  # one row of 4 KiB: the prime stride lands in every row
-    assert sampled(row) != base
+    rows = grad.clone()
+    rows[516:520] = torch.randn(4, 1024)  # four rows of 4 KiB: samples fall every 8 KiB
+    assert sampled(rows) != base
     one = grad.clone()
-    one.view(-1)[1000] += 1.0  # word 500: between the samples at words 0-7 and 509-516
+    one.view(-1)[1000] += 1.0  # word 500: between the samples at words 0-15 and 1021-1036
     assert sampled(one) == base and fp.fingerprint([one]) != fp.fingerprint([grad])
