@@ -139,10 +139,10 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False) -
             words = _aligned_words(t)
             if words is not None and words.numel() < _SMALL_WORDS:
                 small[t.device].append((i, words))
-            elif sampled and words is not None:
-                own[t.device].append((i, _sampled_word_sum(words)))
+            elif words is not None:
+                own[t.device].append((i, _sampled_word_sum(words) if sampled else words.sum()))
             else:
-                own[t.device].append((i, words.sum() if words is not None else _unaligned_word_sum(t)))
+                own[t.device].append((i, _unaligned_word_sum(t)))
     parts = []
     for device in {*own, *small}:
         positions = [i for i, _ in own[device]] + [i for i, _ in small[device]]

@@ -60,7 +60,6 @@ class _OptimizerState:
         self.config: Optional[tuple] = None  # (digest function's inputs) captured before a sampled step
         self.last_digest: Optional[str] = None
         self.reduced: Optional[wrapping.Reduced] = None
-        self.sampled_grads: Optional[fingerprints.Pending] = None  # compared with the reduced snapshot
         self.scale: Optional[fingerprints.Pending] = None
         self.versions: Optional[list[int]] = None  # parameters' version counters after a step before a sampled one
         self.written: Optional[fingerprints.Pending] = None
@@ -115,7 +114,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         rec.set_activity("optimizer.step")
         state.closure = bool(args and callable(args[0])) or callable(kwargs.get("closure"))
         state.sampled = should_fingerprint(state.num_steps, rec.fingerprint_every)
-        state.pending_grads = state.reduced = state.sampled_grads = state.scale = state.config = None
+        state.pending_grads = state.reduced = state.scale = state.config = None
         with rec.guard(PROBE, "param_groups"):
             _watch_param_groups(rec, state, optimizer)
         if state.sampled:
@@ -124,12 +123,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.written = None
         if state.sampled and not state.closure:
             params = _params_of(optimizer)
-            grads = [p.grad for p in params]
-            state.pending_grads = fingerprints.start(grads)
+            state.pending_grads = fingerprints.start([p.grad for p in params])
             with rec.guard(PROBE, "reduced gradients"):
                 state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
-                if state.reduced is not None:
-                    state.sampled_grads = fingerprints.start(grads, sampled=True)
             with rec.guard(PROBE, "written parameters"):
                 state.written = _written_since_last_step(state, params)
         state.versions = None
@@ -149,7 +145,7 @@ def install(rec: Recorder) -> Callable[[], None]:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 _fingerprint_step(rec, state, optimizer, step)
         rec.emit(step)
-        state.pending_grads = state.reduced = state.sampled_grads = state.scale = state.config = state.written = None
+        state.pending_grads = state.reduced = state.scale = state.config = state.written = None
         next_sampled = should_fingerprint(state.num_steps + 1, rec.fingerprint_every)
         if next_sampled:  # what writes the parameters before the next step shows in their version counters
             state.versions = [p._version for p in _params_of(optimizer)]
@@ -232,8 +228,8 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         grads = fingerprints.start([p.grad for p in params])
     if grads is None:
         return
-    reduced = state.reduced if not state.closure and state.sampled_grads is not None else None
-    extra = [*([state.sampled_grads, *reduced.pendings] if reduced is not None else []),
+    reduced = state.reduced if not state.closure else None
+    extra = [*([reduced.before_step, *reduced.pendings] if reduced is not None else []),
              *([state.scale] if state.scale is not None else []), *([state.written] if state.written is not None else [])]
     resolved = fingerprints.resolve(grads, fingerprints.start(params), *extra)
     grad_values, param_values = resolved.pop(0), resolved.pop(0)

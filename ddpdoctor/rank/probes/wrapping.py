@@ -296,7 +296,8 @@ def reduced_for(params: list, ddp_indices: list[int]) -> Optional["Reduced"]:
                 found = (number, position)
                 break
         where.append(found)
-    return Reduced(pendings=[snap.pending for _, snap in snapshots], where=where)
+    return Reduced(pendings=[snap.pending for _, snap in snapshots], where=where,
+                   before_step=fingerprints.start([p.grad for p in params], sampled=True))
 
 
 @dataclass
@@ -306,6 +307,7 @@ class Reduced:
 
     pendings: list
     where: list
+    before_step: fingerprints.Pending  # the same sample of the gradients, taken before the step
 
     def compare(self, resolved: list[list], before_step: list) -> tuple[int, list]:
         """(how many gradients changed between DDP's all-reduce and the step, their sampled
