@@ -60,7 +60,7 @@ def main() -> None:
 
     # torchrun's own log lines (a worker failed, a death signal received) reach the supervisor, which
     # keeps them off the screen (supervisor/output.py) and in the report's launcher log instead.
-    with gc_paused():
+    with gc_paused(freeze=True):
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import parse_args, run

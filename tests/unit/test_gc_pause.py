@@ -1,8 +1,10 @@
 """The collector is paused while torch and torch._dynamo import under the probes, and only then: no
-automatic collection runs inside either import, and the script's collector works as before."""
+automatic collection runs inside either import, and the script's collector works as before. What
+torch's import made is frozen; nothing the script made is, not even by the later torch._dynamo import."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -10,8 +12,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from ddpdoctor.rank.gc_pause import gc_paused
+
 SCRIPT = textwrap.dedent("""
-    import gc, json, os, sys
+    import gc, json, os, sys, weakref
     from ddpdoctor.rank import probes
     from ddpdoctor.rank.recorder import Recorder
     from ddpdoctor.schema.settings import RankSettings
@@ -28,10 +34,20 @@ SCRIPT = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     seen = {"enabled_after_import": gc.isenabled()}
+    frozen_by_import = gc.get_freeze_count()
+    scripts_tensor = torch.randn(3)  # made before the DDP constructor imports torch._dynamo
+    cycle = [scripts_tensor]
+    cycle.append(cycle)
+    tensor_ref = weakref.ref(scripts_tensor)
     dist.init_process_group("gloo", rank=0, world_size=1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     model(torch.randn(2, 4)).sum().backward()
     seen["enabled_after_ddp"] = gc.isenabled()
+    seen["torch_frozen"] = frozen_by_import > 100_000
+    seen["froze_more_later"] = gc.get_freeze_count() > frozen_by_import  # frees count it down
+    del scripts_tensor, cycle
+    gc.collect()
+    seen["scripts_cycle_collected"] = tensor_ref() is None
     seen["dynamo_imported"] = "torch._dynamo" in sys.modules
     before = gc.get_stats()[0]["collections"]
     junk = [[i] for i in range(20000)]
@@ -50,7 +66,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_no_collection_runs_inside_torchs_imports_and_the_collector_runs_after(tmp_path):
+def test_no_collection_runs_inside_torchs_imports_torchs_objects_are_frozen_and_the_collector_runs_after(tmp_path):
     env = {**os.environ, "DDPDOCTOR_EVIDENCE_DIR": str(tmp_path), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port())}
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
@@ -58,7 +74,25 @@ def test_no_collection_runs_inside_torchs_imports_and_the_collector_runs_after(t
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     during = seen.pop("during")
     assert seen == {"enabled_after_import": True, "enabled_after_ddp": True, "dynamo_imported": True,
-                    "collects_after": True}
+                    "collects_after": True, "torch_frozen": True, "froze_more_later": False, "scripts_cycle_collected": True}
     # At most the one collection that runs as the pause ends, while importlib still marks the module
     # as importing; unpaused, each import runs hundreds.
     assert during["torch"] <= 1 and during["torch._dynamo"] <= 1, during
+
+
+def test_freezing_happens_only_when_the_block_completes():
+    before = gc.get_freeze_count()
+    try:
+        with pytest.raises(ImportError):
+            with gc_paused(freeze=True):
+                raise ImportError("a failed import is left as it was")
+        assert gc.get_freeze_count() == before
+        with gc_paused():
+            pass
+        assert gc.get_freeze_count() == before
+        with gc_paused(freeze=True):
+            pass
+        assert gc.get_freeze_count() > before
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()

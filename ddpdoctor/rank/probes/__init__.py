@@ -5,6 +5,7 @@ after the built-in ones, under their check's id."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any, Callable, Iterator
@@ -48,7 +49,8 @@ def install(rec: Recorder) -> Callable[[], None]:
     if "torch" in sys.modules:
         install_all()
     else:
-        hook = AfterImport("torch", install_all, on_found=importing, around=gc_paused).insert()
+        hook = AfterImport("torch", install_all, on_found=importing,
+                           around=functools.partial(gc_paused, freeze=True)).insert()
 
     def finish() -> None:
         if hook is not None:
