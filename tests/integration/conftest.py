@@ -174,3 +174,37 @@ def _run(tmp_path: Path, name: Optional[str], options: tuple, script_args, timeo
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
     report = json.loads(json_path.read_text()) if json_path.exists() else None
     return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started)
+
+
+@dataclass
+class InsideRun:
+    """``torchrun --nproc-per-node 2 -m ddpdoctor check`` (an existing launch), run with ``-q`` and
+    ``--keep-evidence``: what the tests read is torchrun's exit code, rank 0's output, the report
+    and the evidence files kept."""
+    returncode: int
+    stdout: str
+    report: Optional[dict]
+    evidence: list[str]
+
+
+@pytest.fixture
+def run_inside_launch(tmp_path_factory):
+    """Run a fixture inside an existing torchrun launch, once per (fixture, options) for the whole
+    session, like ``run_check``."""
+
+    def run(name: str, *options: str) -> InsideRun:
+        with once_per_session(tmp_path_factory, ("inside", name, options)) as folder:
+            saved = folder / "run.json"
+            if not saved.exists():
+                report, evidence = folder / "report.json", folder / "evidence"
+                proc = subprocess.run(
+                    [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                     "ddpdoctor", "check", str(FIXTURES / name), "--json", str(report), "--plain", "-q",
+                     "--keep-evidence", str(evidence), *options],
+                    cwd=folder, capture_output=True, text=True, timeout=240)
+                saved.write_text(json.dumps(dataclasses.asdict(InsideRun(
+                    proc.returncode, proc.stdout, json.loads(report.read_text()) if report.exists() else None,
+                    sorted(p.name for p in evidence.iterdir()) if evidence.is_dir() else []))))
+            return InsideRun(**json.loads(saved.read_text()))
+
+    return run

@@ -93,34 +93,22 @@ def test_spawn_mode_catches_a_bug_in_the_workers(run_check, tmp_path):
     assert finding["evidence"]["case"] == "ddp-bypassed"
 
 
-def test_inside_an_existing_torchrun_launch(tmp_path):
-    report = tmp_path / "report.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
-         str(FIXTURES / "bad_set_epoch.py"), "--json", str(report), "--plain"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    data = json.loads(report.read_text())
-    assert data["launch_mode"] == "existing-launch"
-    assert data["world_size"] == 2
-    assert [f["check"] for f in data["findings"] if f["severity"] == "warning"] == ["set-epoch"]
-    assert proc.returncode != 0  # rank 0 exits 1 for the finding; torchrun reports it
+def test_inside_an_existing_torchrun_launch(run_inside_launch):
+    # the same run as test_pipeline's comparison with the launched one
+    run = run_inside_launch("bad_grad_bypass_batchnorm.py")
+    assert run.report["launch_mode"] == "existing-launch"
+    assert run.report["world_size"] == 2
+    assert [f["check"] for f in run.report["findings"] if f["severity"] == "error"] == ["gradient-sync"]
+    assert run.returncode != 0  # rank 0 exits 1 for the finding; torchrun reports it
 
 
-def test_hang_inside_an_existing_launch_goes_through_the_store(tmp_path):
-    report = tmp_path / "report.json"
-    evidence = tmp_path / "evidence"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor", "check",
-         str(FIXTURES / "hang_barrier_rank0.py"), "--hang-timeout", "5", "--json", str(report), "--plain", "-q",
-         "--keep-evidence", str(evidence)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert proc.returncode != 0
-    data = json.loads(report.read_text())
-    assert data["outcome"] == "hung"
-    (finding,) = [f for f in data["findings"] if f["check"] == "collective-hang"]
+def test_hang_inside_an_existing_launch_goes_through_the_store(run_inside_launch):
+    run = run_inside_launch("hang_barrier_rank0.py", "--hang-timeout", "5")
+    assert run.returncode != 0
+    assert run.report["outcome"] == "hung"
+    (finding,) = [f for f in run.report["findings"] if f["check"] == "collective-hang"]
     assert finding["severity"] == "error"
     assert finding["location"]["file"].endswith("hang_barrier_rank0.py")
     assert finding["evidence"]["ranks"]["0"]["where"]["function"] == "validate"
-    assert "[rank0]" not in proc.stdout, "-q hides the script's output in this mode too"
-    gathered = sorted(p.name for p in evidence.iterdir())
-    assert len(gathered) >= 2 and all(name.startswith("events-") for name in gathered), gathered
+    assert "[rank0]" not in run.stdout, "-q hides the script's output in this mode too"
+    assert len(run.evidence) >= 2 and all(name.startswith("events-") for name in run.evidence), run.evidence

@@ -50,14 +50,6 @@ def test_run_returns_a_report_without_importing_torch_or_leaving_state(tmp_path)
                       "findings": ["set-epoch"], "threads": 1, "handlers_kept": True, "new_temp": []}
 
 
-def _inside_torchrun(tmp_path, fixture: str, *options: str) -> dict:
-    report = tmp_path / f"inside-{fixture}.json"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "ddpdoctor",
-                    "check", str(FIXTURES / fixture), "--json", str(report), "--plain", *options],
-                   cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    return json.loads(report.read_text())
-
-
 def _diagnosis(report: dict) -> dict:
     """What must not depend on the launch mode: statuses, root causes and their consequences."""
     return {
@@ -73,8 +65,8 @@ def _diagnosis(report: dict) -> dict:
     ("bad_grad_bypass_batchnorm.py", ()),
     ("hang_barrier_rank0.py", ("--hang-timeout", "5")),
 ])
-def test_the_same_diagnosis_inside_an_existing_torchrun_launch(run_check, tmp_path, fixture, options):
+def test_the_same_diagnosis_inside_an_existing_torchrun_launch(run_check, run_inside_launch, fixture, options):
     launched = run_check(fixture, *options)
-    inside = _inside_torchrun(tmp_path, fixture, *options)
+    inside = run_inside_launch(fixture, *options).report
     assert inside["launch_mode"] == "existing-launch" and launched.report["launch_mode"] == "torchrun"
     assert _diagnosis(inside) == _diagnosis(launched.report)
