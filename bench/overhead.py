@@ -48,14 +48,13 @@ def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | Non
     Ranks are pinned to a core each."""
     script = WORKLOADS / "mlp_step.py"
     args = ("--steps", str(steps), "--pin")
-    configs = {name: config for name, config in CONFIGS.items() if debug_modes or "DEBUG" not in name}
-    if baseline_python:  # right after this build's default schedule, which it is compared with
-        items = list(configs.items())
-        configs = {**dict(items[:2]), "baseline install, default schedule": ("baseline", {}, ()), **dict(items[2:3]),
-                   "baseline install, --fingerprint-every 1": ("baseline", {}, ("--fingerprint-every", "1")),
-                   **dict(items[3:4]),
-                   "baseline install, --fingerprint-every 2": ("baseline", {}, ("--fingerprint-every", "2")),
-                   **dict(items[4:])}
+    configs: dict[str, tuple] = {}
+    for name, (launcher, env, options) in CONFIGS.items():
+        if not debug_modes and "DEBUG" in name:
+            continue
+        configs[name] = (launcher, env, options)
+        if baseline_python and launcher == "doctor":  # right after the configuration it is compared with
+            configs[f"baseline install, {' '.join(options) or 'default schedule'}"] = ("baseline", env, options)
     ratios: dict[str, list[float]] = {name: [] for name in configs}
     mean_ratios: dict[str, list[float]] = {name: [] for name in configs}
     medians: dict[str, list[float]] = {name: [] for name in configs}

@@ -228,7 +228,7 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         grads = fingerprints.start([p.grad for p in params])
     if grads is None:
         return
-    reduced = state.reduced if not state.closure else None
+    reduced = state.reduced  # taken only for a step without a closure
     extra = [*([reduced.before_step, *reduced.pendings] if reduced is not None else []),
              *([state.scale] if state.scale is not None else []), *([state.written] if state.written is not None else [])]
     resolved = fingerprints.resolve(grads, fingerprints.start(params), *extra)
