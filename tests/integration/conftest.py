@@ -7,9 +7,11 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,12 +24,22 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 OUR_MODULES = ("ddpdoctor/rank/bootstrap.py", "ddpdoctor/rank/agent.py", "ddpdoctor check", "-m ddpdoctor")
 
 
+# What torch itself leaves in the temporary directory of any process that imports torch._dynamo
+# (plain torchrun too): its compile cache, not the script's or ddpdoctor's.
+TORCH_CACHES = ("torchinductor_",)
+
+
 @dataclass
 class CheckRun:
     returncode: int
     output: str
     report: Optional[dict]
     wall_s: float
+    temp_left: list[str] = dataclasses.field(default_factory=list)  # names left in the run's TMPDIR
+
+    def left_behind(self) -> list[str]:
+        """What the run (ddpdoctor, the script) left in its temporary directory, torch's caches aside."""
+        return [name for name in self.temp_left if not name.startswith(TORCH_CACHES)]
 
     def findings(self, check: Optional[str] = None, severity: Optional[str] = None) -> list[dict]:
         found = self.report["findings"] if self.report else []
@@ -166,14 +178,21 @@ def run_check(tmp_path, tmp_path_factory):
 
 
 def _run(tmp_path: Path, name: Optional[str], options: tuple, script_args, timeout: float) -> CheckRun:
+    """One run, with a temporary directory of its own (TMPDIR), short enough for the AF_UNIX sockets
+    multiprocessing makes there: what the run leaves in it is recorded, then removed."""
     script = None if name is None else (FIXTURES / name if not os.path.isabs(name) else Path(name))
     json_path = tmp_path / "report.json"
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore"}
+    temp = Path(tempfile.mkdtemp(prefix="ddpdoctor-test-run-"))
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore", "TMPDIR": str(temp)}
     started = time.monotonic()
-    proc = subprocess.run(ddpdoctor_command(script, json_path, *options, script_args=script_args),
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(ddpdoctor_command(script, json_path, *options, script_args=script_args),
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+        left = sorted(p.name for p in temp.iterdir())
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     report = json.loads(json_path.read_text()) if json_path.exists() else None
-    return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started)
+    return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started, left)
 
 
 @dataclass

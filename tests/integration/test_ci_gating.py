@@ -35,6 +35,7 @@ def test_max_steps_cuts_a_long_job_cleanly_on_every_rank(run_check):
     checks = {c["id"]: c for c in run.report["checks"]}
     assert checks["gradient-sync"]["summary"].startswith("replicas identical after 5 compared steps")
     assert "cut on purpose" in run.output
+    assert run.left_behind() == [], "the reference job removes its temporary checkpoint directory when cut"
 
 
 def test_max_epochs_cuts_at_the_start_of_the_next_training_pass(run_check):
@@ -42,6 +43,7 @@ def test_max_epochs_cuts_at_the_start_of_the_next_training_pass(run_check):
     assert run.returncode == 0, run.output[-3000:]
     assert run.report["cut"] == {"reason": "max-epochs", "at": 1}
     assert "[rank0] epoch 0:" in run.output and "[rank0] epoch 1:" not in run.output
+    assert run.left_behind() == []
 
 
 # -- formats from a real run of a known-bad fixture -----------------------------------------------------

@@ -62,6 +62,7 @@ def test_reference_job_is_clean(run_check):
     assert all(c["status"] in ("pass", "skip") for c in run.report["checks"])
     assert {c["id"]: c["status"] for c in run.report["checks"]}["gradient-sync"] == "pass"
     assert "[rank0] epoch 0" in run.output, "the script's own output stays visible, prefixed by rank"
+    assert run.left_behind() == [], "neither the reference job nor ddpdoctor leaves anything in the temporary directory"
     # The smoke test: every rank's environment, and the collective sweep (gloo on CPU: 8 B to 4 MiB).
     assert [e["rank"] for e in run.report["environment"]] == [0, 1]
     assert all(e["torch"] and e["python"] and e["host"] for e in run.report["environment"])

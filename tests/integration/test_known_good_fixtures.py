@@ -43,6 +43,8 @@ def test_known_good_fixture_is_clean(run_check, fixture):
     assert run.returncode == 0, run.output[-3000:]
     assert run.report["outcome"] == "completed"
     assert run.report["probe_errors"] == []
+    ours = [name for name in run.temp_left if name.startswith("ddpdoctor")]
+    assert ours == [], f"a clean run leaves nothing of ddpdoctor's in the temporary directory: {ours}"
 
 
 def test_a_slow_rank_outside_communication_is_not_a_hang(run_check):
