@@ -204,6 +204,7 @@ class InsideRun:
     stdout: str
     report: Optional[dict]
     evidence: list[str]
+    temp_left: list[str]  # names left in the run's TMPDIR (torchrun's own torchelastic_* among them)
 
 
 @pytest.fixture
@@ -216,14 +217,19 @@ def run_inside_launch(tmp_path_factory):
             saved = folder / "run.json"
             if not saved.exists():
                 report, evidence = folder / "report.json", folder / "evidence"
-                proc = subprocess.run(
-                    [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                     "ddpdoctor", "check", str(FIXTURES / name), "--json", str(report), "--plain", "-q",
-                     "--keep-evidence", str(evidence), *options],
-                    cwd=folder, capture_output=True, text=True, timeout=240)
+                temp = Path(tempfile.mkdtemp(prefix="ddpdoctor-test-run-"))
+                try:
+                    proc = subprocess.run(
+                        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                         "ddpdoctor", "check", str(FIXTURES / name), "--json", str(report), "--plain", "-q",
+                         "--keep-evidence", str(evidence), *options],
+                        cwd=folder, capture_output=True, text=True, timeout=240, env={**os.environ, "TMPDIR": str(temp)})
+                    left = sorted(p.name for p in temp.iterdir())
+                finally:
+                    shutil.rmtree(temp, ignore_errors=True)
                 saved.write_text(json.dumps(dataclasses.asdict(InsideRun(
                     proc.returncode, proc.stdout, json.loads(report.read_text()) if report.exists() else None,
-                    sorted(p.name for p in evidence.iterdir()) if evidence.is_dir() else []))))
+                    sorted(p.name for p in evidence.iterdir()) if evidence.is_dir() else [], left))))
             return InsideRun(**json.loads(saved.read_text()))
 
     return run

@@ -67,6 +67,9 @@ def _diagnosis(report: dict) -> dict:
 ])
 def test_the_same_diagnosis_inside_an_existing_torchrun_launch(run_check, run_inside_launch, fixture, options):
     launched = run_check(fixture, *options)
-    inside = run_inside_launch(fixture, *options).report
+    inside_run = run_inside_launch(fixture, *options)
+    inside = inside_run.report
     assert inside["launch_mode"] == "existing-launch" and launched.report["launch_mode"] == "torchrun"
+    ours = [name for name in inside_run.temp_left if name.startswith("ddpdoctor")]
+    assert ours == [], f"ddpdoctor inside a launch leaves none of its temporary folders, hung or not: {ours}"
     assert _diagnosis(inside) == _diagnosis(launched.report)
