@@ -177,20 +177,27 @@ def run_check(tmp_path, tmp_path_factory):
     return run
 
 
+@contextmanager
+def run_tmpdir() -> Iterator[tuple[Path, list[str]]]:
+    """A temporary directory of one run's own, to pass as its TMPDIR (short: multiprocessing makes
+    AF_UNIX sockets there), and the list of the names the run left in it, filled when the block
+    ends; the directory is then removed, so fixture runs leave nothing in /tmp."""
+    folder, left = Path(tempfile.mkdtemp(prefix="ddpdoctor-test-run-")), []
+    try:
+        yield folder, left
+        left.extend(sorted(p.name for p in folder.iterdir()))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _run(tmp_path: Path, name: Optional[str], options: tuple, script_args, timeout: float) -> CheckRun:
-    """One run, with a temporary directory of its own (TMPDIR), short enough for the AF_UNIX sockets
-    multiprocessing makes there: what the run leaves in it is recorded, then removed."""
     script = None if name is None else (FIXTURES / name if not os.path.isabs(name) else Path(name))
     json_path = tmp_path / "report.json"
-    temp = Path(tempfile.mkdtemp(prefix="ddpdoctor-test-run-"))
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore", "TMPDIR": str(temp)}
     started = time.monotonic()
-    try:
+    with run_tmpdir() as (temp, left):
+        env = {**os.environ, "NO_COLOR": "1", "PYTHONWARNINGS": "ignore", "TMPDIR": str(temp)}
         proc = subprocess.run(ddpdoctor_command(script, json_path, *options, script_args=script_args),
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
-        left = sorted(p.name for p in temp.iterdir())
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
     report = json.loads(json_path.read_text()) if json_path.exists() else None
     return CheckRun(proc.returncode, proc.stdout + proc.stderr, report, time.monotonic() - started, left)
 
@@ -217,16 +224,13 @@ def run_inside_launch(tmp_path_factory):
             saved = folder / "run.json"
             if not saved.exists():
                 report, evidence = folder / "report.json", folder / "evidence"
-                temp = Path(tempfile.mkdtemp(prefix="ddpdoctor-test-run-"))
-                try:
+                with run_tmpdir() as (temp, left):
                     proc = subprocess.run(
                         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
                          "ddpdoctor", "check", str(FIXTURES / name), "--json", str(report), "--plain", "-q",
                          "--keep-evidence", str(evidence), *options],
-                        cwd=folder, capture_output=True, text=True, timeout=240, env={**os.environ, "TMPDIR": str(temp)})
-                    left = sorted(p.name for p in temp.iterdir())
-                finally:
-                    shutil.rmtree(temp, ignore_errors=True)
+                        cwd=folder, env={**os.environ, "TMPDIR": str(temp)}, capture_output=True, text=True,
+                        timeout=240)
                 saved.write_text(json.dumps(dataclasses.asdict(InsideRun(
                     proc.returncode, proc.stdout, json.loads(report.read_text()) if report.exists() else None,
                     sorted(p.name for p in evidence.iterdir()) if evidence.is_dir() else [], left))))

@@ -59,7 +59,7 @@ def test_a_hang_shows_every_ranks_line_and_keeps_torchruns_log_off_screen(run_ch
     log = run.report["launcher_log"]
     assert log and any("death signal" in line for line in log["lines"]) and log["path"]
     assert f"torchrun's own log ({len(log['lines'])} lines) is in {log['path']}" in text
-    assert run.left_behind() == ["ddpdoctor"], "of the run's temporary files only the folder of the log it names is kept"
+    assert run.left_behind() == ["ddpdoctor"], "of its temporary files the run keeps only the log's folder"
 
 
 class _Page(HTMLParser):
