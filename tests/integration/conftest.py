@@ -29,6 +29,12 @@ OUR_MODULES = ("ddpdoctor/rank/bootstrap.py", "ddpdoctor/rank/agent.py", "ddpdoc
 TORCH_CACHES = ("torchinductor_",)
 
 
+def ddpdoctors_own(temp_left: list[str]) -> list[str]:
+    """Of the names a run left in its temporary directory, ddpdoctor's own (``ddpdoctor-*`` evidence
+    folders, the ``ddpdoctor`` folder of kept torchrun logs)."""
+    return [name for name in temp_left if name.startswith("ddpdoctor")]
+
+
 @dataclass
 class CheckRun:
     returncode: int

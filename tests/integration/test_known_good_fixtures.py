@@ -7,6 +7,7 @@ Apart from the known-bad fixtures (test_checks_on_fixtures.py) so the two halves
 from __future__ import annotations
 
 import pytest
+from conftest import ddpdoctors_own
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def test_known_good_fixture_is_clean(run_check, fixture):
     assert run.returncode == 0, run.output[-3000:]
     assert run.report["outcome"] == "completed"
     assert run.report["probe_errors"] == []
-    ours = [name for name in run.temp_left if name.startswith("ddpdoctor")]
+    ours = ddpdoctors_own(run.temp_left)
     assert ours == [], f"a clean run leaves nothing of ddpdoctor's in the temporary directory: {ours}"
 
 

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, ddpdoctors_own
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +70,6 @@ def test_the_same_diagnosis_inside_an_existing_torchrun_launch(run_check, run_in
     inside_run = run_inside_launch(fixture, *options)
     inside = inside_run.report
     assert inside["launch_mode"] == "existing-launch" and launched.report["launch_mode"] == "torchrun"
-    ours = [name for name in inside_run.temp_left if name.startswith("ddpdoctor")]
+    ours = ddpdoctors_own(inside_run.temp_left)
     assert ours == [], f"ddpdoctor inside a launch leaves none of its temporary folders, hung or not: {ours}"
     assert _diagnosis(inside) == _diagnosis(launched.report)

@@ -74,7 +74,8 @@ def test_no_collection_runs_inside_torchs_imports_torchs_objects_are_frozen_and_
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     during = seen.pop("during")
     assert seen == {"enabled_after_import": True, "enabled_after_ddp": True, "dynamo_imported": True,
-                    "collects_after": True, "torch_frozen": True, "froze_more_later": False, "scripts_cycle_collected": True}
+                    "collects_after": True, "torch_frozen": True, "froze_more_later": False,
+                    "scripts_cycle_collected": True}
     # At most the one collection that runs as the pause ends, while importlib still marks the module
     # as importing; unpaused, each import runs hundreds.
     assert during["torch"] <= 1 and during["torch._dynamo"] <= 1, during
