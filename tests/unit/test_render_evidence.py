@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.render.evidence import evidence_rows, format_value, number, ranks_text, size
+from ddpdoctor.analysis.render.evidence import evidence_rows, format_value, number, ranks_text, record_text, size
 
 
 def test_numbers_keep_three_significant_digits_and_units():
@@ -37,3 +37,61 @@ def test_a_check_written_later_renders_without_a_special_case():
     assert rows["training"] == ["rank 0: yes · rank 1: no"]
     assert rows["lr"] == ["rank 0: 0.1 · rank 1: 0.01"]
     assert rows["first step"] == ["3"] and rows["loss scale"] == ["500 ms"]
+
+
+SITE = {"file": "/job/train.py", "line": 31, "function": "main"}
+NO_REPR = ("{'", "': ", "[{", '{"', '": ', "}]")
+
+
+def all_text(rows: list[tuple[str, list[str]]]) -> str:
+    return "\n".join(f"{label} {line}" for label, lines in rows for line in lines)
+
+
+def test_a_list_of_records_reads_one_line_per_record_in_words():
+    moves = [{"call": ".cpu()", "at": {"file": "/job/train.py", "line": 31}, "after_step": 1},
+             {"call": ".cuda()", "at": SITE, "after_step": 1}]
+    assert dict(evidence_rows({"case": "device-round-trip", "moves": moves})) == {
+        "moves": ["`.cpu()` at train.py:31 after step 1", "`.cuda()` at train.py:31 (main) after step 1"]}
+    assert format_value(moves) == "`.cpu()` at train.py:31 after step 1; `.cuda()` at train.py:31 (main) after step 1"
+
+
+def test_a_nested_record_reads_as_a_phrase_led_by_its_rank_with_the_site_named_once():
+    changed_by = {"rank": 0, "via": "scheduler", "at": {"file": "/job/train.py", "line": 31},
+                  "candidates": [SITE, {"file": "/lib/sched.py", "line": 9}], "before_step": 2}
+    assert record_text(changed_by) == "rank 0: via scheduler at train.py:31 (main) before step 2"
+    assert record_text({"rank": 1, "call": "Net.eval()", "at": SITE, "after_step": 2}) == \
+        "rank 1: `Net.eval()` at train.py:31 (main) after step 2"
+    assert record_text({"optimizer_built_at": SITE}) == "optimizer built at train.py:31 (main)"
+
+
+def test_config_syncs_differences_show_once_in_words():
+    differs = [{"what": "hyperparameter", "key": "0:lr", "label": "`lr`", "values": {"0": "0.045", "1": "0.05"},
+                "text": "rank 0: 0.045; rank 1: 0.05"}]
+    rows = dict(evidence_rows({"what": ["`lr`: rank 0: 0.045; rank 1: 0.05", "`momentum`: rank 0: 0.9; rank 1: 0"],
+                               "step": 2, "differs": differs}))
+    assert rows == {"differs": ["`lr`: rank 0: 0.045; rank 1: 0.05", "`momentum`: rank 0: 0.9; rank 1: 0"],
+                    "optimizer step": ["2"]}
+
+
+def test_a_plugins_nested_evidence_renders_without_a_special_case():
+    evidence = {"kind": "custom", "layers": [{"name": "encoder.0", "norm": 1.5, "ranks": [0, 2], "site": SITE},
+                                             {"name": "encoder.1", "norm": 0.25, "ranks": [1], "shape": [4, 3]}],
+                "worst": {"layer": "encoder.0", "per_rank": {"0": 1.5, "1": 0.25}, "detail": {"grad_norm": 2.0}},
+                "by_rank": {"0": {"state": "eval", "since_step": 3}, "1": {"state": "train", "since_step": 1}},
+                "pairs": [[1, 0], [2, 1]], "shapes": [[4, 3], [4]], "unknown": [None, None]}
+    rows = evidence_rows(evidence)
+    text = all_text(rows)
+    assert not any(mark in text for mark in NO_REPR), text
+    by_label = dict(rows)
+    assert by_label["layers"] == ["ranks 0, 2: encoder.0 at train.py:31 (main), norm 1.5",
+                                  "rank 1: encoder.1, norm 0.25, shape 4×3"]
+    assert by_label["worst"] == ["encoder.0, per rank: rank 0: 1.5 · rank 1: 0.25, detail (grad norm 2)"]
+    assert by_label["by rank"] == ["rank 0: eval since step 3", "rank 1: train since step 1"]
+    assert by_label["pairs"] == ["(1, 0), (2, 1)"] and by_label["shapes"] == ["4×3, 4"]
+    assert "unknown" not in by_label
+
+
+def test_long_lists_of_records_are_cut_with_a_count():
+    records = [{"call": f".m{i}()", "after_step": i} for i in range(9)]
+    (row,) = evidence_rows({"calls_made": records})
+    assert row[1][0] == "`.m0()` after step 0" and row[1][-1] == "… (3 more)" and len(row[1]) == 7

@@ -87,7 +87,8 @@ def test_junit_one_testcase_per_check_and_a_failure_for_the_error():
     assert failure.get("type") == "error"
     assert f"at {SCRIPT}:30" in failure.text and "fix: Call the DDP wrapper itself" in failure.text
     out = by_name["gradient-sync"].find("system-out").text
-    assert "ranks: 0, 1" in out and f"location: {SCRIPT}:30" in out and '"case": "ddp-bypassed"' in out
+    assert "ranks: 0, 1" in out and f"location: {SCRIPT}:30" in out and "    compared: gradients" in out
+    assert '"case"' not in out and "ddp-bypassed" not in out  # evidence in words, internal codes hidden
     assert "consequence (buffer-sync): buffer `bn.running_mean` differs" in out and f"{SCRIPT}:20" in out
     assert by_name["buffer-sync"].find("failure") is None  # a consequence never fails on its own
     skipped = {name for name, case in by_name.items() if case.find("skipped") is not None}
@@ -335,3 +336,77 @@ def test_renderers_accept_a_report_read_back():
     assert render_sarif(report, repo_root=REPO) == render_sarif(diverged(), repo_root=REPO)
     assert render_markdown(report) == render_markdown(diverged())
     assert Consequence.from_json(report.findings[0].consequences[0].to_json()) == report.findings[0].consequences[0]
+
+
+# -- nested evidence in every renderer ---------------------------------------------------------------
+
+REPR_MARKS = ("{'", "': ", "[{", '{"', '": ', "}]", "'}")
+
+
+def nested_report() -> Report:
+    """Findings whose evidence holds lists of records and nested records: built-in checks' and a plugin's."""
+    site = {"file": SCRIPT, "line": 31, "function": "main"}
+    moves = Finding(check="gradient-sync", severity="error", message="moved off the GPU and back", fix="wrap after",
+                    location=Location(SCRIPT, 31), ranks=(0, 1), evidence={
+                        "case": "device-round-trip",
+                        "moves": [{"call": ".cpu()", "at": {"file": SCRIPT, "line": 31}, "after_step": 1},
+                                  {"call": ".cuda()", "at": {"file": SCRIPT, "line": 34}, "after_step": 1}]})
+    config = Finding(check="config-sync", severity="error", message="lr differs", fix="schedule on every rank",
+                     ranks=(0, 1), evidence={
+                         "what": ["`lr`: rank 0: 0.045; rank 1: 0.05"], "step": 2, "optimizer": 0,
+                         "changed_by": {"rank": 0, "via": "scheduler", "at": {"file": SCRIPT, "line": 26},
+                                        "candidates": [{**site, "line": 26}], "before_step": 2},
+                         "differs": [{"what": "hyperparameter", "key": "0:lr", "label": "`lr`",
+                                      "values": {"0": "0.045", "1": "0.05"}, "text": "rank 0: 0.045; rank 1: 0.05"}]})
+    plugin = Finding(check="my-plugin", severity="warning", message="layers drift", fix="look", evidence={
+        "layers": [{"name": "encoder.0", "norm": 1.5, "ranks": [0], "site": site}],
+        "worst": {"layer": "encoder.0", "detail": {"grad_norm": 2.0}}})
+    return with_findings(moves, config, plugin)
+
+
+def rendered_everywhere(report: Report) -> dict[str, str]:
+    import io
+
+    from rich.console import Console
+
+    from ddpdoctor.analysis.render.html import render_html
+    from ddpdoctor.analysis.render.terminal import render
+
+    out = io.StringIO()
+    render(Console(file=out, width=200, no_color=True, soft_wrap=True), report, plain=True)
+    sarif_strings = json.dumps([v for run in render_sarif(report, repo_root=REPO)["runs"]
+                                for v in _strings(run["results"])])
+    return {"terminal": out.getvalue(), "html": render_html(report), "markdown": render_markdown(report),
+            "junit": render_junit(report), "sarif": sarif_strings,
+            "github": "\n".join(github.annotations(report, repo_root=REPO))}
+
+
+def _strings(value) -> list[str]:
+    """Every string inside a JSON document (SARIF is JSON itself: only its texts are checked)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_no_renderer_prints_a_dict_or_a_list_of_dicts():
+    from html import unescape
+
+    outputs = rendered_everywhere(nested_report())
+    for name, text in outputs.items():
+        if name == "sarif":
+            text = "\n".join(json.loads(text))
+        text = unescape(text) if name in ("html", "junit") else text
+        found = [mark for mark in REPR_MARKS if mark in text]
+        assert not found, f"{name} prints raw data {found}"
+    for name in ("terminal", "html", "markdown", "junit"):
+        text = outputs[name].replace("&#x27;", "'").replace("&#96;", "`")
+        assert "`.cpu()` at train.py:31 after step 1" in text, name
+        assert "`.cuda()` at train.py:34 after step 1" in text, name
+        assert "rank 0: via scheduler at train.py:26 (main) before step 2" in text, name
+        assert "ranks 0: encoder.0" not in text and "rank 0: encoder.0 at train.py:31 (main), norm 1.5" in text, name
+        assert "encoder.0, detail (grad norm 2)" in text, name
+        assert "`lr`: rank 0: 0.045; rank 1: 0.05" in text and "hyperparameter" not in text, name

@@ -7,6 +7,10 @@ shape, so checks written later (plugins included) render well without a special 
 - a map keyed by rank (``{"0": 3, "1": 4}``) groups equal values: ``ranks 0, 2: 3 · rank 1: 4``;
 - a map of rank maps (per parameter, per loader) gives one line per entry;
 - a call site (``{"file", "line", "function"}``, or a list of them) reads ``train.py:31 (main)``;
+- a record (a map of named fields) reads as one phrase: its rank, its subject (the first text field),
+  then its prepositional fields (``at``, ``after_step``...) and its other facts:
+  ``{"call": ".cpu()", "at": site, "after_step": 1}`` is "`.cpu()` at train.py:31 after step 1";
+- a list of records gives one line per record, a list of pairs ``(1, 0), (2, 1)``, a shape ``4×3``;
 - floats keep three significant digits, with the unit the key's suffix names (``_s``, ``_bytes``,
   ``_gbps``, ``_pct``); long lists are cut between items, never inside a word.
 
@@ -20,8 +24,8 @@ import math
 import os
 from typing import Any, Callable, Optional
 
-__all__ = ["LABELS", "PHASES", "evidence_rows", "format_value", "site_text", "ranks_text", "number", "size",
-           "seconds", "call_text"]
+__all__ = ["LABELS", "PHASES", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text", "number",
+           "size", "seconds", "call_text"]
 
 MAX_ITEMS = 8
 MAX_GROUPS = 6
@@ -119,8 +123,28 @@ def _is_site(value: Any) -> bool:
     return isinstance(value, dict) and "file" in value and "line" in value
 
 
+def _is_sites(value: Any) -> bool:
+    return _is_site(value) or (isinstance(value, list) and bool(value) and all(_is_site(v) for v in value))
+
+
 def _is_rank_map(value: Any) -> bool:
     return isinstance(value, dict) and bool(value) and all(str(k).lstrip("-").isdigit() for k in value)
+
+
+def _is_record(value: Any) -> bool:
+    """A map of named fields (not a rank map, not a call site): said as a phrase, never as ``k: v, k: v``."""
+    return isinstance(value, dict) and bool(value) and not _is_rank_map(value) and not _is_site(value)
+
+
+def _absent(value: Any) -> bool:
+    """Nothing to say: no value, an empty container, or a list of unknowns."""
+    if value is None or value == [] or value == {} or value == "":
+        return True
+    return isinstance(value, list) and all(v is None for v in value)
+
+
+def _is_shape_key(key: str) -> bool:
+    return key.endswith(("shape", "shapes"))
 
 
 def _items(values: list, fmt: Formatter) -> str:
@@ -132,17 +156,28 @@ def _items(values: list, fmt: Formatter) -> str:
 
 
 def _rank_map(value: dict, fmt: Formatter) -> str:
+    groups = _rank_groups(value, fmt)
+    if len(groups) == 1 and len(value) > 1:
+        text, ranks = groups[0]
+        return f"{text} on {ranks_text(ranks)}"
+    parts = [f"{ranks_text(r)}: {text}" for text, r in groups[:MAX_GROUPS]]
+    if len(groups) > MAX_GROUPS:
+        parts.append(f"… ({len(groups) - MAX_GROUPS} more groups)")
+    return " · ".join(parts)
+
+
+def _rank_groups(value: dict, fmt: Formatter) -> list[tuple[str, list[int]]]:
+    """(text, ranks) per distinct formatted value, lowest rank first."""
     groups: dict[str, list[int]] = {}
     for rank, v in value.items():
         groups.setdefault(fmt(v), []).append(int(rank))
-    if len(groups) == 1 and len(value) > 1:
-        text, ranks = next(iter(groups.items()))
-        return f"{text} on {ranks_text(ranks)}"
-    ordered = sorted(groups.items(), key=lambda kv: min(kv[1]))
-    parts = [f"{ranks_text(r)}: {text}" for text, r in ordered[:MAX_GROUPS]]
-    if len(ordered) > MAX_GROUPS:
-        parts.append(f"… ({len(ordered) - MAX_GROUPS} more groups)")
-    return " · ".join(parts)
+    return sorted(groups.items(), key=lambda kv: min(kv[1]))
+
+
+def _list_item(value: Any, key: str, depth: int) -> str:
+    """One item of a list: a nested list of several values in parentheses, so pairs stay pairs."""
+    text = format_value(value, key, depth=depth + 1)
+    return f"({text})" if isinstance(value, (list, tuple)) and ", " in text else text
 
 
 def format_value(value: Any, key: str = "", *, depth: int = 0) -> str:
@@ -166,11 +201,7 @@ def format_value(value: Any, key: str = "", *, depth: int = 0) -> str:
     if _is_site(value):
         return site_text(value)
     if isinstance(value, (list, tuple)):
-        if not value:
-            return "none"
-        if all(_is_site(v) for v in value):
-            return site_text(list(value))
-        return _items(list(value), lambda v: format_value(v, key, depth=depth + 1))
+        return _list_text(list(value), key, depth)
     if isinstance(value, dict):
         if not value:
             return "none"
@@ -178,16 +209,118 @@ def format_value(value: Any, key: str = "", *, depth: int = 0) -> str:
             return _rank_map(value, lambda v: format_value(v, key, depth=depth + 1))
         if depth >= 3:
             return f"{len(value)} entries"
-        parts = [f"{_label_of(k)}: {format_value(v, str(k), depth=depth + 1)}" for k, v in list(value.items())[:MAX_ITEMS]]
-        more = len(value) - len(parts)
-        return ", ".join(parts) + (f", … ({more} more)" if more > 0 else "")
+        return record_text(value, depth=depth)
     return str(value)
+
+
+def _list_text(value: list, key: str, depth: int) -> str:
+    if _is_shape_key(key) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return "×".join(map(str, value)) if value else "scalar"
+    if not value:
+        return "none"
+    if all(_is_site(v) for v in value):
+        return site_text(value)
+    if any(_is_record(v) for v in value):  # records: a phrase each, "; " between them
+        lines = _record_lines(value, depth=depth)
+        return "; ".join(lines)
+    return _items(value, lambda v: _list_item(v, key, depth))
+
+
+def _record_lines(records: list, *, depth: int = 0) -> list[str]:
+    """One phrase per record (at most MAX_LINES, then how many more)."""
+    lines = [format_value(r, depth=depth + 1) for r in records[:MAX_LINES]]
+    if len(records) > MAX_LINES:
+        lines.append(f"… ({len(records) - MAX_LINES} more)")
+    return lines
+
+
+_PREPOSITIONS = frozenset({"at", "after", "before", "in", "on", "via", "by", "from", "to", "since", "until", "for",
+                           "of", "with", "during", "into", "through"})
+# Keys whose value is data only tools read, hidden at every depth (LABELS hides more, at the top level only).
+RAW_KEYS = frozenset({"fingerprints", "fingerprint", "frames", "stacks", "stack", "decoded", "timeline", "calls"})
+_WHO = ("rank", "ranks")
+_WHERE_KEYS = ("site", "where", "location", "call_site")  # a call site under these names reads "at file:line"
+
+
+def _field_text(key: str, value: Any, depth: int) -> str:
+    entry = LABELS.get(key)
+    if entry and entry[1] is not None:
+        return entry[1](value)
+    return format_value(value, key, depth=depth + 1)
+
+
+def record_text(record: dict, *, depth: int = 0) -> str:
+    """A record as one phrase: ``rank 0: `.cpu()` at train.py:31 after step 1, count 4``.
+
+    The rank (a ``rank``/``ranks`` field) leads, then the subject (the first field, when it is text),
+    then the fields whose label starts with a preposition (``at``, ``after step``, ``via``), then the
+    other facts as ``label value``. A call site already shown (the innermost frame of another site
+    field) is not repeated."""
+    who, subject, phrases, facts = "", "", [], []
+    richest = _richest_sites(record)
+    seen_sites: set = set()
+    for raw_key, value in record.items():
+        key = str(raw_key)
+        if key in RAW_KEYS or _absent(value):
+            continue
+        if _is_sites(value):
+            where = _where(value)
+            if where in seen_sites:
+                continue
+            seen_sites.add(where)
+            value = richest.get(where, value)
+        if key in _WHO and not who and _is_ranks(value):
+            who = ranks_text(value if isinstance(value, list) else [value])
+            continue
+        text = _field_text(key, value, depth)
+        label = "at" if _is_sites(value) and key in _WHERE_KEYS else _label_of(key)
+        prepositional = label.split(" ")[0] in _PREPOSITIONS and ": " not in text
+        if not subject and not phrases and not facts and isinstance(value, str) and not prepositional:
+            subject = text
+        elif prepositional:
+            phrases.append(f"{label} {text}")
+        elif _is_record(value):
+            facts.append(f"{label} ({text})")
+        else:
+            facts.append(f"{label}: {text}" if ": " in text else f"{label} {text}")
+    head = " ".join(part for part in (subject, *phrases) if part)
+    separator = "; " if any(", " in fact for fact in facts) else ", "
+    body = separator.join(part for part in (head, *facts) if part)
+    if who:
+        return f"{who}: {body}" if body else who
+    return body or "none"
+
+
+def _where(site: Any) -> tuple:
+    """(file, line) of a call site's innermost frame."""
+    innermost = site[0] if isinstance(site, list) else site
+    return innermost.get("file"), innermost.get("line")
+
+
+def _richest_sites(record: dict) -> dict[tuple, dict]:
+    """Per (file, line), the frame that also names its function, from any call-site field of the record:
+    one field may say where (``at``) and another the whole stack (``candidates``)."""
+    frames = [f for v in record.values() if _is_sites(v) for f in (v if isinstance(v, list) else [v])]
+    return {(f.get("file"), f.get("line")): f for f in frames if f.get("function")}
+
+
+def _is_ranks(value: Any) -> bool:
+    def is_rank(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return is_rank(value) or (isinstance(value, list) and bool(value) and all(is_rank(v) for v in value))
 
 
 def _names(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return _items([f"`{v}`" for v in value], str)
     return format_value(value)
+
+
+def _repeats(pairs: Any) -> str:
+    """``pass 2 = pass 1`` for each (pass, earlier pass) pair."""
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        return format_value(pairs)
+    return _items(pairs, lambda p: f"pass {p[0]} = pass {p[1]}")
 
 
 def _compared(value: Any) -> str:
@@ -202,6 +335,12 @@ LABELS: dict[str, Optional[tuple[str, Optional[Formatter]]]] = {
                      "rank_groups", "decoded", "secondary_only", "reduction_error", "failed_ranks", "message",
                      "exception", "basis", "source", "threshold_s", "secondary", "site", "culprit",
                      "culprit_phase", "rank_only"), None),
+    # config-sync: `what` says every difference in words; `differs` keeps them as records for tools
+    "what": ("differs", None),
+    "differs": None,
+    "call": ("call", lambda v: f"`{v}`"),
+    "repeated_passes": ("same order as an earlier pass", lambda v: _rank_map(v, _repeats) if _is_rank_map(v)
+                        else format_value(v)),
     "never_ran": ("never ran it", ranks_text),
     "collectives_from_line": ("collectives from that line", None),
     "relative_difference": ("relative difference", percent),
@@ -269,27 +408,42 @@ def _label_of(key: Any) -> str:
 
 
 def evidence_rows(evidence: dict, *, limit: int = 12) -> list[tuple[str, list[str]]]:
-    """(label, lines) per shown key, in the check's order. A map of rank maps (iterations without a
-    gradient per parameter) gives one line per entry; anything else one line."""
+    """(label, lines) per shown key, in the check's order. A list of records, a map of named entries
+    (iterations without a gradient per parameter) or a rank map of records give one line per item;
+    anything else one line."""
     rows: list[tuple[str, list[str]]] = []
     for key, value in evidence.items():
-        if value is None or value == [] or value == {}:
+        if _absent(value) or key in RAW_KEYS:
             continue
         if key in LABELS and LABELS[key] is None:
             continue
         entry = LABELS.get(key)
         label, fmt = entry if entry else (_label_of(key), None)
-        if fmt is not None:
-            lines = [fmt(value)]
-        elif isinstance(value, dict) and value and not _is_rank_map(value) and not _is_site(value) \
-                and all(isinstance(v, dict) for v in value.values()):
-            entries = list(value.items())
-            lines = [f"{k}: {format_value(v, key)}" for k, v in entries[:MAX_LINES]]
-            if len(entries) > MAX_LINES:
-                lines.append(f"… ({len(entries) - MAX_LINES} more)")
-        else:
-            lines = [format_value(value, key)]
+        lines = [fmt(value)] if fmt is not None else _lines(value, key)
         rows.append((label, lines))
         if len(rows) >= limit:
             break
     return rows
+
+
+def _lines(value: Any, key: str) -> list[str]:
+    """A value as the lines of one evidence row."""
+    if isinstance(value, list) and any(_is_record(v) or _is_phrase(v) for v in value):
+        return _record_lines(value) if any(_is_record(v) for v in value) else _capped([str(v) for v in value])
+    if _is_rank_map(value) and any(_is_record(v) for v in value.values()):
+        groups = _rank_groups(value, lambda v: format_value(v, key, depth=1))
+        return _capped([f"{ranks_text(ranks)}: {text}" for text, ranks in groups])
+    if _is_record(value) and all(_is_record(v) or _is_rank_map(v) for v in value.values()):
+        return _capped([f"{k}: {format_value(v, key, depth=1)}" for k, v in value.items()])
+    return [format_value(value, key)]
+
+
+def _is_phrase(value: Any) -> bool:
+    """Text that carries its own label (``lr: rank 0: 0.1``): a line of its own, never joined with commas."""
+    return isinstance(value, str) and (": " in value or "; " in value)
+
+
+def _capped(lines: list[str]) -> list[str]:
+    if len(lines) <= MAX_LINES:
+        return lines
+    return lines[:MAX_LINES] + [f"… ({len(lines) - MAX_LINES} more)"]

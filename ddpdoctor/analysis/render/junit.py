@@ -3,11 +3,11 @@ failed when the check has a top-level finding at or above ``--fail-on`` (the exi
 
 from __future__ import annotations
 
-import json
 import re
 import xml.etree.ElementTree as ET
 
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
+from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.report import Report
 
 __all__ = ["render_junit"]
@@ -33,11 +33,23 @@ def _failure_text(finding: Finding) -> str:
                       f"ranks: {_ranks(finding)}", f"fix: {finding.fix}"])
 
 
+def _evidence_lines(evidence: dict) -> list[str]:
+    """The evidence in words, as the terminal shows it (the JSON report keeps it as data)."""
+    rows = evidence_rows(evidence)
+    if not rows:
+        return []
+    lines = ["  evidence:"]
+    for label, values in rows:
+        lines.append(f"    {label}: {values[0]}")
+        lines += [f"    {' ' * len(label)}  {value}" for value in values[1:]]
+    return lines
+
+
 def _system_out(findings: list[Finding]) -> str:
     lines = []
     for f in findings:
         lines += [f"finding ({f.severity}): {f.message}", f"  ranks: {_ranks(f)}", f"  location: {_where(f)}",
-                  f"  evidence: {json.dumps(f.evidence, sort_keys=True, default=str)}"]
+                  *_evidence_lines(f.evidence)]
         for c in f.consequences:
             at = f" at {c.location.file}:{c.location.line}" if c.location else ""
             lines.append(f"  consequence ({c.check}): {c.message}{at}")

@@ -4,6 +4,7 @@ the verdict, a table of checks, then each top-level finding with its consequence
 from __future__ import annotations
 
 from ddpdoctor.analysis.api import Finding, Location
+from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.render.source import snippet, underline
 from ddpdoctor.analysis.render.terminal import consequence_of, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
@@ -35,6 +36,20 @@ def _code(location: Location, sources: dict) -> list[str]:
     return ["```python", *body, f"{' ' * gutter} | {' ' * start}{'^' * (end - start)}", "```", ""]
 
 
+def _evidence(evidence: dict) -> list[str]:
+    """The evidence in words (as the terminal shows it), one nested item per line of a row."""
+    rows = evidence_rows(evidence)
+    if not rows:
+        return []
+    lines = ["- **Evidence:**"]
+    for label, values in rows:
+        if len(values) == 1:
+            lines.append(f"  - {label}: {values[0]}")
+        else:
+            lines += [f"  - {label}:", *(f"    - {value}" for value in values)]
+    return lines
+
+
 def _finding(finding: Finding, sources: dict) -> list[str]:
     lines = [f"### {_SEVERITY[finding.severity]} {finding.severity.upper()} `{finding.check}`", "", finding.message, ""]
     if finding.location:
@@ -42,6 +57,7 @@ def _finding(finding: Finding, sources: dict) -> list[str]:
         lines.append(f"- **Location:** {_where(finding.location)}")
     if finding.ranks:
         lines.append(f"- **Ranks:** {', '.join(map(str, sorted(finding.ranks)))}")
+    lines += _evidence(finding.evidence)
     lines.append(f"- **Fix:** {finding.fix}")
     if finding.consequences:
         lines.append("- **Consequences:**")
