@@ -345,6 +345,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         finding = _hang_finding(evidence, stop)
         verb = "job hung" if stop.reason == "hang" else "no progress"
         return CheckResult(findings=[finding], summary=f"{verb} ({_some_ranks(list(finding.ranks))})")
+    if evidence.world_size >= 2 and evidence.post_mortem and not evidence.facts.has_process_group:
+        return CheckResult(summary="no flight recorder dump: the collectives are unknown", applicable=False)
     if evidence.world_size < 2 or not evidence.facts.has_process_group:
         return CheckResult(summary="no process group", applicable=False)
     traces = evidence.facts.world_traces

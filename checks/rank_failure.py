@@ -43,8 +43,12 @@ Fix the root cause reported here; the peers' errors go away with it.
 
 
 def _last_step(evidence: Evidence, rank: Optional[int]) -> Optional[int]:
+    """The rank's last completed optimizer step; None when unknown (no event of the rank, or a
+    post-mortem, whose files hold no step), which is not 0 ("before the first optimizer step")."""
     ev = evidence.ranks.get(rank) if rank is not None else None
-    return max((e.step for e in ev.events), default=None) if ev else None
+    if ev is None or not evidence.counts_steps:
+        return None
+    return max((e.step for e in ev.events), default=None)
 
 
 def _unfinished(evidence: Evidence) -> Optional[Finding]:

@@ -308,3 +308,46 @@ def test_a_rank_without_dump_leaves_the_checks_incomplete_never_a_silent_pass():
     assert problem["probe"] == "flight-recorder-missing" and "no dump from rank 1" in problem["error"]
     assert {c.id: c.incomplete for c in result.report.checks} == {
         "collective-hang": ["flight-recorder-missing"], "rank-failure": ["flight-recorder-missing"]}
+
+
+# -- what error files do not say ----------------------------------------------------------------------
+
+def _record_error_file(folder: Path, local_rank: int, exc_type: str, message: str, frames: list[tuple]) -> None:
+    """An error file as torch.distributed.elastic's ``@record`` writes it, where torchrun's --log-dir puts it."""
+    stack = "".join(f'  File "{file}", line {line}, in {function}\n    {code}\n' for file, line, function, code in frames)
+    data = {"message": {"message": f"{exc_type}: {message}",
+                        "extraInfo": {"py_callstack": f"Traceback (most recent call last):\n{stack}{exc_type}: {message}\n",
+                                      "timestamp": str(1764000000 + local_rank)}}}
+    path = folder / "run_x" / "attempt_0" / str(local_rank) / "error.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(data))
+
+
+def test_error_files_hold_no_step_so_the_report_names_none(tmp_path):
+    """Rank 1 raised at step 5: its error file says where, never when in training, so neither the
+    message ("before the first optimizer step") nor the evidence ("last optimizer step 0") says a step."""
+    import io
+
+    from rich.console import Console
+
+    from ddpdoctor.analysis.render.html import render_html
+    from ddpdoctor.analysis.render.junit import render_junit
+    from ddpdoctor.analysis.render.markdown import render_markdown
+    from ddpdoctor.analysis.render.terminal import render
+
+    _record_error_file(tmp_path, 1, "ValueError", "bad batch",
+                       [("/job/train.py", 30, "main", "raise ValueError('bad batch')")])
+    _record_error_file(tmp_path, 0, "RuntimeError", "Connection closed by peer [127.0.0.1]:29358",
+                       [("/job/train.py", 31, "main", "loss.backward()")])
+    report = analyze([str(tmp_path)]).report
+    (finding,) = report.findings
+    assert (finding.check, finding.ranks, finding.location.line) == ("rank-failure", (1,), 30)
+    assert finding.message == "rank 1 raised ValueError: bad batch"
+    assert finding.evidence["last_step"] is None  # unknown, not 0
+    out = io.StringIO()
+    render(Console(file=out, width=160, no_color=True, soft_wrap=True), report, plain=True)
+    for name, text in {"terminal": out.getvalue(), "html": render_html(report), "markdown": render_markdown(report),
+                       "junit": render_junit(report)}.items():
+        assert not any(claim in text for claim in ("first optimizer step", "last optimizer step", "after optimizer step",
+                                                   "step 0")), name
+        assert "no process group" not in text, name  # the ranks had one: the files just do not show it
