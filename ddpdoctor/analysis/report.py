@@ -99,6 +99,8 @@ class Report:
     launcher_log_path: Optional[str] = None  # where the CLI wrote them
     framework: Optional[dict] = None  # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
     post_mortem: Optional[dict] = None  # `ddpdoctor analyze`: {"dumps", "error_files", "logs", "formats", "notes", ...}
+    # {"reason", "ranks"}: ddpdoctor could not check the job (its probes did not install): no finding, exit 2
+    unchecked: Optional[dict] = None
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -106,11 +108,14 @@ class Report:
 
     def exit_code(self, fail_on: str = "warning") -> int:
         """0 when no top-level finding reaches ``fail_on``, else 1 (design.md's exit-code contract);
-        128+N when signal N interrupted the run, whatever was found before it."""
+        128+N when signal N interrupted the run, whatever was found before it; 2 when the probes could
+        not install, so nothing was checked."""
         if self.role == "peer":
             return self.peer_exit_code
         if self.outcome == "interrupted" and self.interruption:
             return int(self.interruption.get("exit_code") or 130)
+        if self.unchecked:
+            return 2  # ddpdoctor could not do its job: not a verdict on the script
         return 1 if self.at_or_above(fail_on) else 0
 
     def assert_clean(self, fail_on: str = "warning") -> None:
@@ -120,6 +125,8 @@ class Report:
         if self.outcome == "interrupted":  # not clean: it did not finish
             raise AssertionError(f"ddpdoctor: the run was interrupted by {(self.interruption or {}).get('signal')} "
                                  "before the job finished")
+        if self.unchecked:
+            raise AssertionError(f"ddpdoctor could not check the job: {self.unchecked.get('reason')}")
         found = self.at_or_above(fail_on)
         if not found:
             return
@@ -168,6 +175,7 @@ class Report:
             "launcher_log": {"path": self.launcher_log_path, "lines": self.launcher_log} if self.launcher_log else None,
             "framework": self.framework,
             "post_mortem": self.post_mortem,
+            "unchecked": self.unchecked,
         }
 
     @classmethod
@@ -298,6 +306,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         interruption=interruption_of(evidence, analysis),
         launch=observations.launch,
         framework=framework_of(evidence),
+        unchecked=analysis.unchecked,
     )
 
 

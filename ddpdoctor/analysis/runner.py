@@ -12,7 +12,7 @@ from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.registry import LoadedCheck, load_checks
 from ddpdoctor.schema.events import ProbeError
-from ddpdoctor.schema.probes import ALL_CHECKS, checks_affected
+from ddpdoctor.schema.probes import ALL_CHECKS, checks_affected, not_checked_by
 
 
 @dataclass
@@ -37,10 +37,16 @@ class Analysis:
     suppressed: list[tuple[Finding, suppression.Suppression]] = field(default_factory=list)
     unused_suppressions: list[suppression.Suppression] = field(default_factory=list)
     left_out: Optional[interruption.LeftOut] = None  # an interrupted run: what the stop cut off, not judged
+    # {"reason", "ranks"}: the probes could not install, so nothing was checked (exit code 2, no finding)
+    unchecked: Optional[dict] = None
 
 
 def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
             suppressions: Optional[list[suppression.Suppression]] = None) -> Analysis:
+    probe_errors = _probe_errors(evidence)
+    unchecked = _unchecked(probe_errors)
+    if unchecked is not None:
+        return _not_checked(checks if checks is not None else load_checks(), probe_errors, unchecked)
     left_out = None
     if evidence.outcome == "interrupted":  # before any fact is derived: no check sees the cut-off counts
         left_out = interruption.leave_out_cut_off(evidence)
@@ -50,7 +56,6 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
     roots, suppressed, unused = suppression.apply(causality.link(raw), suppressions or [])
     reasons = {f.check: s.reason for f, s in suppressed}
     explained_by = {c.check: r.check for r in roots for c in r.consequences}
-    probe_errors = _probe_errors(evidence)
     for outcome in outcomes:
         top = [f for f in roots if f.check == outcome.id]
         outcome.status = "skip" if outcome.error else status_of(top, applicable=outcome.result.applicable)
@@ -65,6 +70,32 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
     ordered = sorted(roots, key=lambda f: -SEVERITY_ORDER[f.severity])
     return Analysis(outcomes=outcomes, findings=ordered, probe_errors=probe_errors, suppressed=suppressed,
                     unused_suppressions=unused, left_out=left_out)
+
+
+def _unchecked(probe_errors: list[dict]) -> Optional[dict]:
+    """Why nothing could be checked (an essential probe did not install on some rank), or None."""
+    failed = [p for p in probe_errors if not_checked_by(p["probe"], p["phase"])]
+    if not failed:
+        return None
+    ranks = sorted({r for p in failed for r in p["ranks"]})
+    first = failed[0]
+    if first["target"] == "import hook":  # ddpdoctor's own words: no exception type to show
+        reason = first["error"].partition(": ")[2] or first["error"]
+    else:
+        reason = f"probe {first['probe']} could not install ({first['error']})"
+    return {"reason": reason, "ranks": ranks}
+
+
+def _not_checked(checks: list[LoadedCheck], probe_errors: list[dict], unchecked: dict) -> Analysis:
+    """Every check skipped, no finding: a script the probes did not see is not judged."""
+    outcomes = []
+    for loaded in checks:
+        title = loaded.check.title if loaded.check is not None else loaded.id
+        outcome = CheckOutcome(id=loaded.id, title=title, result=CheckResult(applicable=False))
+        outcome.summary = "not checked: the probes could not install"
+        outcome.incomplete = [p["probe"] for p in probe_errors if ALL_CHECKS in p["checks"] or loaded.id in p["checks"]]
+        outcomes.append(outcome)
+    return Analysis(outcomes=outcomes, findings=[], probe_errors=probe_errors, unchecked=unchecked)
 
 
 def select_checks(checks: list[LoadedCheck], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[LoadedCheck]:

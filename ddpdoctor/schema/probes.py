@@ -26,6 +26,16 @@ PROBE_CHECKS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Probes whose failure to install leaves the job unchecked: every other probe hangs on them, so the
+# report says that ddpdoctor could not check the job (exit 2) instead of judging a script it did not see.
+ESSENTIAL_PROBES = frozenset({"lifecycle"})
+
+
+def not_checked_by(probe: str, phase: str) -> bool:
+    """Whether this probe failure means nothing about the job could be checked."""
+    return probe in ESSENTIAL_PROBES and phase == "install"
+
+
 def checks_affected(probe: str) -> tuple[str, ...]:
     """The check ids a failure of ``probe`` leaves incomplete ("*": every check). A probe not in
     the table is a plugin's, recorded under its check's id: only that check is left incomplete."""

@@ -237,8 +237,9 @@ def check(
     outputs.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
                       junit=opts["junit"], sarif=opts["sarif"], markdown=opts["markdown"], github=opts["github"],
                       html=opts["html"], trace=opts["trace"])
-    interrupted = report.outcome == "interrupted"  # 128+signal even with --exit-zero: the run did not finish
-    return 0 if opts["exit-zero"] and not interrupted else report.exit_code(opts["fail-on"])
+    # 128+signal even with --exit-zero: the run did not finish; 2: ddpdoctor could not check it
+    unfinished = report.outcome == "interrupted" or bool(report.unchecked)
+    return 0 if opts["exit-zero"] and not unfinished else report.exit_code(opts["fail-on"])
 
 
 def _show_launcher_log(display) -> None:

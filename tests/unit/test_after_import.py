@@ -1,10 +1,13 @@
 """AfterImport runs its callback on the fully imported module, once, and leaves sys.meta_path; the
-module's code and the callback can run inside a context (the collector paused for torch's import)."""
+module's code and the callback can run inside a context (the collector paused for torch's import).
+A look-up (``importlib.util.find_spec``, as transformers' ``is_torch_available`` does) is not an
+import: the hook stays for the import that follows."""
 
 from __future__ import annotations
 
 import gc
 import importlib
+import importlib.util
 import sys
 
 import pytest
@@ -115,3 +118,42 @@ def test_a_failed_import_restores_the_collector_and_a_disabled_one_stays_off(tmp
         gc.enable()
         hook.remove()
         sys.modules.pop("fake_torch_off", None)
+
+
+def test_a_look_up_before_the_import_leaves_the_hook_for_the_import(tmp_path, monkeypatch):
+    _package(tmp_path, "fake_torch_lookup")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = AfterImport("fake_torch_lookup", lambda module: seen.append(module.save())).insert()
+    try:
+        assert importlib.util.find_spec("fake_torch_lookup") is not None
+        assert importlib.util.find_spec("fake_torch_lookup") is not None  # libraries ask more than once
+        assert seen == [] and hook in sys.meta_path and "fake_torch_lookup" not in sys.modules
+        importlib.import_module("fake_torch_lookup")
+        assert seen == ["original"]
+        assert hook not in sys.meta_path
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_torch_lookup", None)
+
+
+def test_a_module_executed_from_a_looked_up_spec_fires_once(tmp_path, monkeypatch):
+    """``module_from_spec`` and ``spec.loader.exec_module`` by hand, as lazy importers do, is an import."""
+    _package(tmp_path, "fake_torch_manual")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    hook = AfterImport("fake_torch_manual", lambda module: seen.append(module.__name__)).insert()
+    try:
+        first = importlib.util.find_spec("fake_torch_manual")
+        second = importlib.util.find_spec("fake_torch_manual")
+        module = importlib.util.module_from_spec(second)
+        sys.modules["fake_torch_manual"] = module
+        second.loader.exec_module(module)
+        assert seen == ["fake_torch_manual"] and hook not in sys.meta_path
+        again = importlib.util.module_from_spec(first)
+        first.loader.exec_module(again)  # the other spec's loader, run later: no second callback
+        assert seen == ["fake_torch_manual"] and again.save() == "original"
+        assert "exec_module" not in vars(first.loader) and "exec_module" not in vars(second.loader)
+    finally:
+        hook.remove()
+        sys.modules.pop("fake_torch_manual", None)

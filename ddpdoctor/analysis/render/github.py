@@ -45,7 +45,11 @@ def annotation(finding: Finding, *, repo_root: str) -> str:
 
 def annotations(report: Report, *, repo_root: str) -> list[str]:
     """Workflow command lines to print on stdout, files relative to ``repo_root`` ($GITHUB_WORKSPACE)."""
-    return [annotation(f, repo_root=repo_root) for f in report.findings]
+    lines = [annotation(f, repo_root=repo_root) for f in report.findings]
+    if report.unchecked:
+        lines.append(f"::error title={escape_property('ddpdoctor could not check the job')}::"
+                     f"{escape_data(str(report.unchecked['reason']))}")
+    return lines
 
 
 def new_stop_token() -> str:

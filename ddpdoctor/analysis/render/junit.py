@@ -85,7 +85,14 @@ def render_junit(report: Report, *, fail_on: str = "warning") -> str:
             ET.SubElement(case, "skipped", message=_clean(reason))
         if findings:
             ET.SubElement(case, "system-out").text = _clean(_system_out(findings))
-    counts = {"tests": str(len(check_ids)), "failures": str(failures), "errors": "0", "skipped": str(skipped),
+    errors = 0
+    if report.unchecked:  # ddpdoctor could not do its job: an error of the run, not a failure of a check
+        errors = 1
+        case = ET.SubElement(suite, "testcase", classname="ddpdoctor", name="probes")
+        ET.SubElement(case, "error", message=_clean(f"ddpdoctor could not check this job: {report.unchecked['reason']}"),
+                      type="not-checked")
+    counts = {"tests": str(len(check_ids) + errors), "failures": str(failures), "errors": str(errors),
+              "skipped": str(skipped),
               "time": f"{report.duration_s:.3f}"}
     suite.attrib.update(counts)
     root = ET.Element("testsuites", name="ddpdoctor", **counts)

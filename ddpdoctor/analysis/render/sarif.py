@@ -90,6 +90,15 @@ def _result(finding: Finding, rule_index: dict[str, int], repo_root: str) -> dic
     return result
 
 
+def _invocation(report: Report) -> dict:
+    """Whether the run finished and was checked; a job the probes could not check says why."""
+    invocation: dict = {"executionSuccessful": report.outcome == "completed" and not report.unchecked}
+    if report.unchecked:
+        invocation["toolExecutionNotifications"] = [{
+            "level": "error", "message": {"text": f"ddpdoctor could not check this job: {report.unchecked['reason']}"}}]
+    return invocation
+
+
 def render_sarif(report: Report, *, repo_root: str) -> dict:
     """One run; file URIs relative to ``repo_root`` (uriBaseId SRCROOT) so code scanning can place
     results on the checked-out source, absolute file:// URIs for files outside it."""
@@ -107,7 +116,7 @@ def render_sarif(report: Report, *, repo_root: str) -> dict:
             "tool": {"driver": {"name": "ddpdoctor", "version": report.version,
                                 "rules": rules}},
             "originalUriBaseIds": {"SRCROOT": {"uri": root_uri if root_uri.endswith("/") else root_uri + "/"}},
-            "invocations": [{"executionSuccessful": report.outcome == "completed"}],
+            "invocations": [_invocation(report)],
             "results": [_result(f, rule_index, repo_root) for f in report.findings],
         }],
     }

@@ -389,6 +389,8 @@ def verdict(report: Report, fail_on: str = "warning") -> str:
         if (report.interruption or {}).get("during") == "start-up":
             return f"verdict: INTERRUPTED by {signal} during start-up: nothing was checked"
         return f"verdict: INTERRUPTED by {signal}: {tally} in what ran before it"
+    if report.unchecked:
+        return f"verdict: NOT CHECKED: ddpdoctor could not check this job: {report.unchecked.get('reason')}"
     if report.exit_code(fail_on):
         return f"verdict: NOT OK: {tally}"
     if counts["error"] or counts["warning"]:

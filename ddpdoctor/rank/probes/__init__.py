@@ -17,6 +17,8 @@ from ddpdoctor.rank.recorder import Recorder
 
 # Each module's install(rec) returns an optional finalizer run when the script ends.
 # "device" (CUDA/NCCL simulation on CPU) first: the probes after it wrap its stand-ins.
+NOT_INSTALLED = "torch was imported without ddpdoctor's import hook firing, so no probe was installed"
+
 PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
                  "environment", "content", "flight_recorder", "config", "wrapping")
 
@@ -46,18 +48,24 @@ def install(rec: Recorder) -> Callable[[], None]:
         rec.activity = "importing"  # the live view shows it, with a timer; a long import is no stall
 
     hook = None
-    if "torch" in sys.modules:
+    if "torch" in sys.modules:  # imported before the bootstrap ran (sitecustomize, a .pth file): probe it now
         install_all()
     else:
         hook = AfterImport("torch", install_all, on_found=importing,
                            around=functools.partial(gc_paused, freeze=True)).insert()
 
+    def missed_import() -> None:
+        """torch imported past the hook (nothing was probed): the job cannot be checked, which the
+        report says instead of judging a script it did not see (``NOT_INSTALLED``)."""
+        if not installed and "torch" in sys.modules:
+            rec.probe_failed("lifecycle", RuntimeError(NOT_INSTALLED), target="import hook", phase="install")
+
+    rec.on_dump.append(missed_import)  # a hang's stack dump: said before the job is stopped
+
     def finish() -> None:
         if hook is not None:
             hook.remove()
-        if not installed and "torch" in sys.modules:  # imported past the hook: nothing was probed
-            rec.probe_failed("lifecycle", RuntimeError("torch was imported without ddpdoctor's import hook firing, "
-                                                       "so no probe was installed"), phase="install")
+        missed_import()
         for name, finalizer in reversed(finalizers):
             try:
                 finalizer()
