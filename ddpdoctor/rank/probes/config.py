@@ -206,10 +206,13 @@ def install(rec: Recorder) -> Callable[[], None]:
         torch.optim.Optimizer.param_groups = _ParamGroups()  # type: ignore[attr-defined]
 
     ddp_probe.ATTACH_LISTENERS.append(_attach)
+    ddp_probe.BEFORE_FORWARD.append(_note_autocast)
 
     def finish() -> None:
         if _attach in ddp_probe.ATTACH_LISTENERS:
             ddp_probe.ATTACH_LISTENERS.remove(_attach)
+        if _note_autocast in ddp_probe.BEFORE_FORWARD:
+            ddp_probe.BEFORE_FORWARD.remove(_note_autocast)
         if installed_descriptor and isinstance(vars(torch.optim.Optimizer).get("param_groups"), _ParamGroups):
             del torch.optim.Optimizer.param_groups
 
@@ -235,13 +238,13 @@ def _attach(ddp: DistributedDataParallel, state: "ddp_probe.DDPState") -> None:
     MODULES[id(ddp)] = (index, "(wrapper)")
     for name, module in ddp.module.named_modules():
         MODULES[id(module)] = (index, name)
-    device_type = getattr(ddp, "device_type", None) or "cpu"
 
-    def note_autocast(module, inputs):
-        if torch.is_grad_enabled():
-            AUTOCAST[index] = (torch.is_autocast_enabled(device_type), str(torch.get_autocast_dtype(device_type)))
 
-    ddp.register_forward_pre_hook(note_autocast)
+def _note_autocast(ddp: DistributedDataParallel, state: "ddp_probe.DDPState", inputs: tuple, kwargs: dict) -> None:
+    """At each training forward of a DDP wrapper: whether autocast is on, in which dtype."""
+    if torch.is_grad_enabled():
+        device_type = getattr(ddp, "device_type", None) or "cpu"
+        AUTOCAST[state.index] = (torch.is_autocast_enabled(device_type), str(torch.get_autocast_dtype(device_type)))
 
 
 def capture(optimizer: torch.optim.Optimizer, ddp_indices: list[int], scale: Optional[float]) -> tuple[str, Callable[[], dict]]:

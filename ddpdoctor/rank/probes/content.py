@@ -31,12 +31,14 @@ from ddpdoctor.rank import row_hashes as fingerprints
 from ddpdoctor.rank.feeding import Fed, FeedTracker
 from ddpdoctor.rank.probes import data as data_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import ContentPass
 from ddpdoctor.schema.indices import encode_indices
 
 PROBE = "content"
 MAX_KEPT_ROWS = 8192  # per pass (or window) and rank
+STREAMS: SideTable["_Stream"] = SideTable()  # DataLoader iterator -> its content pass
 FORWARD_WINDOW = 64  # DDP training forwards per window of the forward-input stream
 PART_INTERVAL_S = 1.0
 
@@ -194,7 +196,7 @@ class _ContentProbe:
                          iterable=getattr(loader, "_dataset_kind", 0) != 0, num_workers=loader.num_workers,
                          tracker=self.tracker)
         stream.fields.update(epoch_intent(loader.dataset))
-        iterator.__dict__["_ddpdoctor_content"] = stream
+        STREAMS.set(iterator, stream)
         weakref.finalize(iterator, self._gone, stream)  # a loop left with `break`: the pass ends with its iterator
 
     def _gone(self, stream: _Stream) -> None:
@@ -202,7 +204,7 @@ class _ContentProbe:
             stream.finish(complete=False)
 
     def yielded(self, iterator: Any, batch: Any) -> None:
-        stream = iterator.__dict__.get("_ddpdoctor_content")
+        stream = STREAMS.get(iterator)
         if stream is None or not stream.open:
             return
         self.feeding = stream
@@ -213,31 +215,28 @@ class _ContentProbe:
             stream.add(hashes)
 
     def ended(self, iterator: Any, complete: bool) -> None:
-        stream = iterator.__dict__.get("_ddpdoctor_content")
+        stream = STREAMS.get(iterator)
         if stream is not None:
             stream.finish(complete=complete)
 
     # -- DDP forwards ---------------------------------------------------------------------------
-    def attach(self, ddp: torch.nn.Module, state: Any) -> None:
-        def on_forward(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            if not (torch.is_grad_enabled() and module.training):
-                return
-            with self.rec.guard(PROBE, "forward input"):
-                tensor = first_tensor(list(args) + list(kwargs.values()))
-                hashes = self.hashes(tensor)
-                if hashes:
-                    number = self.forward_counts.get(state.index, 0) + 1
-                    self.forward_counts[state.index] = number
-                    window = self.window(state.index, number, state.last_forward_site)
-                    digest = hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest()
-                    feeding = self.open_feeding()
-                    # "s:": not the batch the feeding loader yielded (noise, a hand-made batch): made in the script
-                    window.digests.append(digest if feeding is not None and hashes == feeding.last_hashes
-                                          else f"s:{digest}")
-                    window.add(hashes)
-
-        with self.rec.guard(PROBE, "DistributedDataParallel"):
-            ddp.register_forward_pre_hook(on_forward, with_kwargs=True)
+    def on_forward(self, module: torch.nn.Module, state: Any, args: tuple, kwargs: dict) -> None:
+        """A DDP wrapper's forward: its first input tensor's rows, in the window of its feeding pass."""
+        if not (torch.is_grad_enabled() and module.training):
+            return
+        with self.rec.guard(PROBE, "forward input"):
+            tensor = first_tensor(list(args) + list(kwargs.values()))
+            hashes = self.hashes(tensor)
+            if hashes:
+                number = self.forward_counts.get(state.index, 0) + 1
+                self.forward_counts[state.index] = number
+                window = self.window(state.index, number, state.last_forward_site)
+                digest = hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest()
+                feeding = self.open_feeding()
+                # "s:": not the batch the feeding loader yielded (noise, a hand-made batch): made in the script
+                window.digests.append(digest if feeding is not None and hashes == feeding.last_hashes
+                                      else f"s:{digest}")
+                window.add(hashes)
 
     def open_feeding(self) -> Optional[_Stream]:
         """The loader pass whose batches feed the model now (None once it ended)."""
@@ -277,14 +276,15 @@ def install(rec: Recorder) -> Callable[[], None]:
     """Listen to the data probe's passes and to every DDP module wrapped from now on."""
     probe = _ContentProbe(rec)
     data_probe.LISTENERS.append(probe)
-    ddp_probe.ATTACH_LISTENERS.append(probe.attach)
+    on_forward = probe.on_forward
+    ddp_probe.BEFORE_FORWARD.append(on_forward)
     rec.on_dump.append(probe.write_all)
 
     def finish() -> None:
         probe.finish_all()
         if probe in data_probe.LISTENERS:
             data_probe.LISTENERS.remove(probe)
-        if probe.attach in ddp_probe.ATTACH_LISTENERS:
-            ddp_probe.ATTACH_LISTENERS.remove(probe.attach)
+        if on_forward in ddp_probe.BEFORE_FORWARD:
+            ddp_probe.BEFORE_FORWARD.remove(on_forward)
 
     return finish

@@ -26,11 +26,18 @@ from ddpdoctor.rank import bounds, callsite
 from ddpdoctor.rank.feeding import Fed, FeedTracker
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import LoaderPass, SamplerInfo
 from ddpdoctor.schema.indices import encode_indices
 
 PROBE = "data"
+
+# What the probe knows of the script's loaders and iterators, kept beside them (never on them: a
+# loader is pickled, copied and inspected by frameworks that rebuild it from its attributes).
+SITES: SideTable[list] = SideTable()  # DataLoader -> the user's line that built it
+DOMAINS: SideTable[str] = SideTable()  # DataLoader over a Subset -> digest of the base positions it covers
+PASSES: SideTable["_Pass"] = SideTable()  # DataLoader iterator -> its open pass
 HEAD_TAIL = 64  # at least this many first and last draws kept in order, to recognise wrap-around padding
 EVERY_BATCH = 20  # the first batches of a pass are written one by one: early crashes lose nothing
 PART_INTERVAL_S = 1.0
@@ -41,7 +48,7 @@ LISTENERS: list[Any] = []
 
 def loader_key(loader: DataLoader) -> tuple[str, list]:
     """(key, site) of a loader: keyed by where it was built, so a loader re-created every epoch is one."""
-    site = loader.__dict__.get("_ddpdoctor_site") or []
+    site = SITES.get(loader) or []
     return (f"{site[0]['file']}:{site[0]['line']}" if site else "loader"), site
 
 
@@ -192,11 +199,11 @@ def _domain_digest(loader: DataLoader) -> Optional[str]:
     Subset get the same digest, hand-made per-rank shards different ones."""
     if not isinstance(loader.dataset, Subset):
         return None
-    cached = loader.__dict__.get("_ddpdoctor_domain")
+    cached = DOMAINS.get(loader)
     if cached is None:
         positions = _to_base_indices(loader.dataset, np.arange(len(loader.dataset), dtype=np.int64))
         cached = hashlib.blake2b(positions.astype("<i8").tobytes(), digest_size=8).hexdigest()
-        loader.__dict__["_ddpdoctor_domain"] = cached
+        DOMAINS.set(loader, cached)
     return cached
 
 
@@ -253,7 +260,7 @@ def install(rec: Recorder) -> Callable[[], None]:
     def start_pass(iterator: _BaseDataLoaderIter, loader: DataLoader) -> None:
         if getattr(loader, "_dataset_kind", 0) != 0:  # iterable datasets have no indices
             return
-        site = loader.__dict__.get("_ddpdoctor_site") or []
+        site = SITES.get(loader) or []
         # Keyed by where the loader was built, so a loader re-created every epoch is one loader.
         key = f"{site[0]['file']}:{site[0]['line']}" if site else "loader"
         if training_passes.get(key):
@@ -262,7 +269,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         number = pass_counts.get(key, 0)
         pass_counts[key] = number + 1
         current = _Pass(rec, loader, key, number, site, open_passes, tracker)
-        iterator.__dict__["_ddpdoctor_pass"] = current
+        PASSES.set(iterator, current)
         weakref.finalize(iterator, iterator_gone, current)
         rec.set_activity("iterating data")
 
@@ -279,7 +286,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         def _reset(self, loader, first_iter=False):
             if first_iter:  # called from __init__, which already started the pass
                 return original(self, loader, first_iter)
-            previous = self.__dict__.get("_ddpdoctor_pass")
+            previous = PASSES.get(self)
             if previous is not None:  # persistent workers: the same iterator starts a new pass
                 finish(previous, complete=False)
             _notify(rec, "ended", self, False)
@@ -293,7 +300,7 @@ def install(rec: Recorder) -> Callable[[], None]:
     def wrap_next_index(original):
         def _next_index(self):
             index = original(self)
-            current = self.__dict__.get("_ddpdoctor_pass")
+            current = PASSES.get(self)
             if current is not None and current.open:
                 current.drawn.append(index)
             return index
@@ -306,13 +313,13 @@ def install(rec: Recorder) -> Callable[[], None]:
             try:
                 batch = original(self)
             except StopIteration:
-                current = self.__dict__.get("_ddpdoctor_pass")
+                current = PASSES.get(self)
                 if current is not None and current.open:
                     finish(current, complete=True)
                 _notify(rec, "ended", self, True)
                 raise
             rec.timing.data_wait_s += time.perf_counter() - started
-            current = self.__dict__.get("_ddpdoctor_pass")
+            current = PASSES.get(self)
             if current is not None and current.open:
                 current.yielded()
             _notify(rec, "yielded", self, batch)
@@ -325,7 +332,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         def __init__(self, *args, **kwargs):
             original(self, *args, **kwargs)
             with rec.guard(PROBE, "DataLoader.__init__"):
-                self.__dict__["_ddpdoctor_site"] = callsite.caller_site()
+                SITES.set(self, callsite.caller_site())
 
         return __init__
 

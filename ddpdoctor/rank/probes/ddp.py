@@ -14,7 +14,7 @@ import importlib
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -23,7 +23,9 @@ from ddpdoctor.rank import callsite, frameworks
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.gc_pause import gc_paused
+from ddpdoctor.rank.probes import module_calls
 from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import BufferFingerprint, DDPUsage, DDPWrap
 from ddpdoctor.schema.sampling import should_fingerprint
@@ -84,8 +86,15 @@ class DDPState:
 
 
 STATES: list[DDPState] = []
-# Called with (ddp module, its DDPState) when a DDP module is wrapped (the content probe hooks its forward).
+STATE_OF: SideTable[DDPState] = SideTable()  # DDP wrapper -> its state (nothing is kept on the wrapper itself)
+# Called with (ddp module, its DDPState) when a DDP module is wrapped.
 ATTACH_LISTENERS: list[Callable[[DistributedDataParallel, DDPState], None]] = []
+# Around every forward of a DDP wrapper the probes know, in order: before(ddp, state, inputs, kwargs)
+# at its start, after(ddp, state, output) at its end (output None when the forward raised). Listeners
+# guard themselves. DDP's class is patched, no hook is registered on the instance: the module the
+# user pickles, copies or scripts is exactly the one they built.
+BEFORE_FORWARD: list[Callable[[DistributedDataParallel, DDPState, tuple, dict], None]] = []
+AFTER_FORWARD: list[Callable[[DistributedDataParallel, DDPState, Any], None]] = []
 PARAM_NAMES: dict[int, str] = {}  # id(parameter) -> name inside its DDP module
 PARAM_DDP: dict[int, int] = {}  # id(parameter) -> index of its DDP module
 
@@ -126,6 +135,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         return __init__
 
     patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_init)
+    patch(rec, PROBE, DistributedDataParallel, "forward", _wrap_forward)
+    BEFORE_FORWARD.insert(0, functools.partial(_on_ddp_forward, rec))  # first: the others read its call site
+    AFTER_FORWARD.insert(0, functools.partial(_on_ddp_forward_done, rec))
 
     def flush(final: bool) -> None:
         for state in STATES:
@@ -135,8 +147,59 @@ def install(rec: Recorder) -> Callable[[], None]:
             if (state.iterations or running) and (state.usage_dirty or final or running):
                 state.emit_usage(rec, final=final)
 
+    def finish() -> None:
+        flush(final=True)
+        module_calls.unwatch_all()
+
     rec.on_dump.append(lambda: flush(final=False))
-    return lambda: flush(final=True)
+    return finish
+
+
+def _wrap_forward(original: Callable) -> Callable:
+    def forward(self: DistributedDataParallel, *inputs: Any, **kwargs: Any) -> Any:
+        state = STATE_OF.get(self)
+        if state is None or module_calls.traced():  # built before the probes, or traced by a compiler
+            return original(self, *inputs, **kwargs)
+        for before in BEFORE_FORWARD:
+            before(self, state, inputs, kwargs)
+        output = None
+        try:
+            output = original(self, *inputs, **kwargs)
+            return output
+        finally:
+            for after in AFTER_FORWARD:
+                after(self, state, output)
+
+    module_calls.skip_in_dynamo(forward)
+    return forward
+
+
+def _on_ddp_forward(rec: Recorder, module: DistributedDataParallel, state: DDPState, inputs: tuple,
+                    kwargs: dict) -> None:
+    rec.progress += 1
+    grad = torch.is_grad_enabled()
+    with rec.guard(PROBE, "forward"):  # what DDP's forward broadcasts is booked to this line
+        state.last_forward_site = callsite.caller_site(1)
+        rec.clock.enter(Phase("ddp-forward", ddp=state.index, grad=grad and module.require_backward_grad_sync,
+                              training=module.training, site=state.last_forward_site))
+    if not grad:  # evaluation forwards never reduce gradients
+        return
+    if rec.timing.forward is None:
+        rec.timing.forward = time.time()
+    rec.gradients_complete = False
+    state.arrived = 0
+    with rec.guard(PROBE, "forward"):
+        state.close_iteration(rec)
+        if module.require_backward_grad_sync:
+            state.synced_forwards += 1
+            state.iteration_open = True
+        else:
+            state.unsynced_forwards += 1
+
+
+def _on_ddp_forward_done(rec: Recorder, module: DistributedDataParallel, state: DDPState, output: Any) -> None:
+    with rec.guard(PROBE, "forward"):
+        rec.clock.enter(Phase())
 
 
 def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
@@ -151,28 +214,7 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         PARAM_DDP[id(p)] = state.index
         p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state, i))
 
-    def on_ddp_forward(module, inputs):
-        rec.progress += 1
-        grad = torch.is_grad_enabled()
-        with rec.guard(PROBE, "forward"):  # what DDP's forward broadcasts is booked to this line
-            state.last_forward_site = callsite.caller_site(1)
-            rec.clock.enter(Phase("ddp-forward", ddp=state.index, grad=grad and module.require_backward_grad_sync,
-                                  training=module.training, site=state.last_forward_site))
-        if not grad:  # evaluation forwards never reduce gradients
-            return
-        if rec.timing.forward is None:
-            rec.timing.forward = time.time()
-        rec.gradients_complete = False
-        state.arrived = 0
-        with rec.guard(PROBE, "forward"):
-            state.close_iteration(rec)
-            if module.require_backward_grad_sync:
-                state.synced_forwards += 1
-                state.iteration_open = True
-            else:
-                state.unsynced_forwards += 1
-
-    def on_inner_forward(module, inputs):
+    def on_inner_forward(module, inputs, kwargs):
         if not torch.is_grad_enabled():
             return
         state.inner_forwards += 1
@@ -184,15 +226,10 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
                 rec.emit(BufferFingerprint(ddp=state.index, forward=state.buffer_forwards,
                                            fp=fingerprint(state.buffers)))
 
-    def on_ddp_forward_done(module, inputs, output):
-        with rec.guard(PROBE, "forward"):
-            rec.clock.enter(Phase())
-
-    ddp.register_forward_pre_hook(on_ddp_forward)
-    ddp.register_forward_hook(on_ddp_forward_done)
+    STATE_OF.set(ddp, state)
     for listener in ATTACH_LISTENERS:
         listener(ddp, state)
-    ddp.module.register_forward_pre_hook(on_inner_forward)
+    module_calls.watch(ddp.module, on_inner_forward)
     rec.emit(DDPWrap(
         ddp=state.index, params=state.names, shapes=[list(p.shape) for _, p in named], buffers=state.buffer_names,
         find_unused_parameters=bool(getattr(ddp, "find_unused_parameters", False)),

@@ -15,12 +15,13 @@ of a divergence, and the gradients as DDP's all-reduce left them.
   by value (version counters miss writes through ``.data`` and GradScaler's unscale): whether the
   gradients already differed across ranks out of the all-reduce, or were changed afterwards.
 
-Per forward: two module hooks and a flag (a third, the output hook, on sampled iterations only);
-per sampled iteration one more read of the gradients.
+Per forward: two listeners of the DDP probe's forward and a flag (a hook on the output's tensors on
+sampled iterations only); per sampled iteration one more read of the gradients.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from torch.utils._pytree import tree_leaves
 from ddpdoctor.rank import callsite
 from ddpdoctor.rank import fingerprint as fingerprints
 from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes import module_calls
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import CommHook, DDPBypass, DDPRewrap, ModuleConversion
@@ -78,8 +80,11 @@ class _Depth:
 
 
 def install(rec: Recorder) -> Callable[[], None]:
-    ddp_probe.ATTACH_LISTENERS.append(lambda ddp, state: _attach(rec, ddp, state))
-    listener = ddp_probe.ATTACH_LISTENERS[-1]
+    listener = functools.partial(_attach, rec)
+    before, after = _enter, functools.partial(_leave, rec)
+    ddp_probe.ATTACH_LISTENERS.append(listener)
+    ddp_probe.BEFORE_FORWARD.append(before)
+    ddp_probe.AFTER_FORWARD.append(after)
 
     def wrap_apply(original):
         def _apply(self, fn, *args, **kwargs):
@@ -121,10 +126,25 @@ def install(rec: Recorder) -> Callable[[], None]:
     patch(rec, PROBE, DistributedDataParallel, "register_comm_hook", wrap_register_comm_hook)
 
     def finish() -> None:
-        if listener in ddp_probe.ATTACH_LISTENERS:
-            ddp_probe.ATTACH_LISTENERS.remove(listener)
+        for listeners, own in ((ddp_probe.ATTACH_LISTENERS, listener), (ddp_probe.BEFORE_FORWARD, before),
+                               (ddp_probe.AFTER_FORWARD, after)):
+            if own in listeners:
+                listeners.remove(own)
 
     return finish
+
+
+def _enter(ddp: DistributedDataParallel, state: "ddp_probe.DDPState", inputs: tuple, kwargs: dict) -> None:
+    _Depth.ddp_forward += 1
+
+
+def _leave(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPState", output: Any) -> None:
+    _Depth.ddp_forward = max(0, _Depth.ddp_forward - 1)
+    index = state.index
+    if output is not None and torch.is_grad_enabled() and ddp.require_backward_grad_sync \
+            and NEXT_SAMPLED.get(index, True):
+        with rec.guard(PROBE, "reduced gradients"):
+            _hook_backward_end(rec, index, output)
 
 
 def _attach(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPState") -> None:
@@ -145,28 +165,16 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPSt
     else:
         rec.emit(DDPRewrap(ddp=index, previous=previous[1]))
 
-    def enter(module, inputs):
-        _Depth.ddp_forward += 1
-
-    def leave(module, inputs, output):
-        _Depth.ddp_forward = max(0, _Depth.ddp_forward - 1)
-        if output is not None and torch.is_grad_enabled() and module.require_backward_grad_sync \
-                and NEXT_SAMPLED.get(index, True):
-            with rec.guard(PROBE, "reduced gradients"):
-                _hook_backward_end(rec, index, output)
-
-    ddp.register_forward_pre_hook(enter)
-    ddp.register_forward_hook(leave, always_call=True)
     if first_wrap:
         first = INNER[id(inner)][1]
 
-        def inner_forward(module, inputs):
+        def inner_forward(module, inputs, kwargs):
             if _Depth.ddp_forward or not torch.is_grad_enabled():
                 return
             with rec.guard(PROBE, "bypass"):
                 _bypassed(rec, WRAPPED.get(first), sys._getframe(1))
 
-        inner.register_forward_pre_hook(inner_forward)
+        module_calls.watch(inner, inner_forward)
 
 
 def _bypassed(rec: Recorder, wrapped: Optional[_Wrapped], frame) -> None:
@@ -250,6 +258,7 @@ def _hook_backward_end(rec: Recorder, index: int, output: Any) -> None:
             rec.probe_failed(PROBE, exc, target="reduced gradients")
         return None
 
+    at_backward_start.__torch_unserializable__ = True  # type: ignore[attr-defined]  # torch.save(output) stays quiet
     count = 0
     for leaf in tree_leaves(output):
         if isinstance(leaf, torch.Tensor) and leaf.requires_grad:
