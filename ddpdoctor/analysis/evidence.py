@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 E = TypeVar("E", bound=Event)
 
+POST_MORTEM = "post-mortem"  # the launch mode of evidence read back from a job's files by `ddpdoctor analyze`
+
 
 @dataclass
 class RankEvidence:
@@ -87,6 +89,19 @@ class Evidence:
     @property
     def stop(self) -> Optional[StopSnapshot]:
         return self.observations.stop
+
+    @property
+    def post_mortem(self) -> bool:
+        """Read back from the files a job left (flight recorder dumps, torchrun's error files and logs)
+        by ``ddpdoctor analyze``, not watched by the probes: only what those files say is known."""
+        return self.observations.launch_mode == POST_MORTEM
+
+    @property
+    def counts_steps(self) -> bool:
+        """Whether the events' ``step`` is a count: ddpdoctor's optimizer probe counts every rank's steps
+        in a live run, while a post-mortem's files hold no step at all, so there the events' 0 means
+        unknown, never "before the first step"."""
+        return not self.post_mortem
 
     @property
     def stopped_by_ddpdoctor(self) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor.analysis import elastic
-from ddpdoctor.analysis.evidence import Evidence, RankEvidence, no_cyclic_gc
+from ddpdoctor.analysis.evidence import POST_MORTEM, Evidence, RankEvidence, no_cyclic_gc
 from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
 from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
 from ddpdoctor.analysis.fr_pack import Packer, Unpacker
@@ -254,7 +254,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     waiting_ranks = set(pending)
     failures = [f for f in table.failures if f.rank not in waiting_ranks]  # a waiting rank's death is a symptom
     observations = Observations(outcome="failed" if (errors or table.failures) else "completed", world_size=size,
-                                launch_mode="post-mortem", failures=failures, missing_ranks=missing,
+                                launch_mode=POST_MORTEM, failures=failures, missing_ranks=missing,
                                 output_tails={r: log.lines for r, log in logs.items()})
     evidence.observations = observations
     evidence.script = script

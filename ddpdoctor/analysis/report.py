@@ -209,9 +209,12 @@ class Report:
 
 
 def _backend_and_device(evidence: Evidence) -> tuple[str, str]:
+    """What the ranks ran on. A post-mortem's files may not say (error files name no backend, dumps no
+    device): "unknown" then, never a default that reads as a fact."""
     backends = sorted({e.backend for _, e in evidence.events(InitProcessGroup) if e.backend})
     devices = sorted({e.device.split(":")[0] for _, e in evidence.events(DDPWrap) if e.device})
-    return ",".join(backends) or "none", ",".join(devices) or "cpu"
+    unknown = "unknown" if evidence.post_mortem else None
+    return ",".join(backends) or unknown or "none", ",".join(devices) or unknown or "cpu"
 
 
 def device_simulation(evidence: Evidence) -> Optional[dict]:
