@@ -2,6 +2,11 @@
 
 Built from the evidence once, kept in the JSON report (``timeline``), so ``ddpdoctor report`` draws
 the same pictures elsewhere. Times are seconds since the first event of the job (``t0``, wall clock).
+``startup`` says when training began (``end``: the first DDP forward, optimizer step or collective of
+any rank) and what the ranks did before (``milestones``: [[what, t], ...], each the first rank to get
+there), so a picture can give start-up a band of its own and its axis to training; null when no rank
+trained. ``stop.label`` says who stopped the job (ddpdoctor, or the flight recorder dumps of a job
+that hung on its own).
 Bounded for long runs and many ranks: every rank keeps at most ``points_per_rank(world_size)`` steps
 and as many collectives (evenly thinned steps, the last collectives, those around the first
 divergence), and says how many it dropped.
@@ -24,8 +29,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import (DDP_PHASE_WORDS, Collective, Exit, ExceptionEvent, InternalCollectives,
-                                     ProcessStart, Save, Step, SysExit)
+from ddpdoctor.schema.events import (DDP_PHASE_WORDS, Collective, DDPWrap, Exit, ExceptionEvent, InitProcessGroup,
+                                     InternalCollectives, ProcessStart, RankEnvironment, Save, Step, SysExit)
 
 __all__ = ["build_timeline", "points_per_rank", "TOTAL_POINTS"]
 
@@ -99,7 +104,7 @@ def _end(evidence: Evidence, rank: int, t0: float) -> Optional[dict]:
     failure = next((f for f in evidence.failures if f.rank == rank), None)
     stop = evidence.stop
     if stop is not None and stop.t:
-        detail = (f"flight recorder dump ({stop.reason})" if evidence.observations.launch_mode == "post-mortem"
+        detail = (f"flight recorder dump ({stop.reason})" if evidence.post_mortem
                   else f"stopped by ddpdoctor ({stop.reason})")
         return {"t": _r(stop.t, t0), "kind": "stopped", "detail": detail}
     if failure is not None:
@@ -107,6 +112,46 @@ def _end(evidence: Evidence, rank: int, t0: float) -> Optional[dict]:
         detail = failure.signal or f"exit code {failure.exitcode}"
         return {"t": _r(last, t0), "kind": "killed", "detail": detail}
     return None
+
+
+# What the ranks do before training, in the order they do it: (event, what reaching it means).
+_MILESTONES = ((RankEnvironment, "import torch"), (InitProcessGroup, "init_process_group"), (DDPWrap, "DDP wrap"))
+
+
+def _training_start(evidence: Evidence) -> Optional[float]:
+    """Wall time of the first sign of training on any rank: its first DDP forward (a step's timing),
+    optimizer step or collective (its own calls and DDP's); None when no rank trained."""
+    found = []
+    for ev in evidence.ranks.values():
+        first_step = next(iter(ev.of(Step)), None)
+        if first_step is not None:
+            forward = (first_step.timing or [None] * 5)[1]
+            found.append(first_step.t - forward if forward is not None else first_step.t)
+        found += [c.t for c in ev.of(Collective)[:1] if c.t]
+        found += [c.t for c in ev.of(InternalCollectives)[:1] if c.t]
+    return min(found) if found else None
+
+
+def _startup(evidence: Evidence, t0: float) -> Optional[dict]:
+    """Start-up, from the first process start to training: its end and the milestones reached."""
+    start = _training_start(evidence)
+    if start is None or start <= t0:
+        return None
+    milestones = []
+    for kind, what in _MILESTONES:
+        times = [e.t for ev in evidence.ranks.values() for e in ev.of(kind)[:1] if t0 <= e.t <= start]
+        if times:
+            milestones.append([what, _r(min(times), t0)])
+    return {"end": _r(start, t0), "milestones": milestones}
+
+
+def _stop(evidence: Evidence, t0: float) -> Optional[dict]:
+    stop = evidence.stop
+    if stop is None or not stop.t:
+        return None
+    label = (f"flight recorder dumps ({stop.reason})" if evidence.post_mortem  # the job stopped on its own
+             else f"ddpdoctor stopped the job ({stop.reason})")
+    return {"t": _r(stop.t, t0), "reason": stop.reason, "label": label}
 
 
 def build_timeline(evidence: Evidence) -> Optional[dict]:
@@ -152,6 +197,5 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
             latest = max(latest, entry["end"]["t"])
     if stop is not None and stop.t:
         latest = max(latest, stop.t - t0)
-    return {"t0": t0, "end": round(latest, 4), "first_divergence": divergence,
-            "stop": {"t": _r(stop.t, t0), "reason": stop.reason} if stop is not None and stop.t else None,
-            "points_per_rank": limit, "ranks": ranks}
+    return {"t0": t0, "end": round(latest, 4), "first_divergence": divergence, "stop": _stop(evidence, t0),
+            "startup": _startup(evidence, t0), "points_per_rank": limit, "ranks": ranks}

@@ -156,3 +156,79 @@ def test_ddps_collectives_booked_at_the_stack_dump_are_drawn_where_the_rank_stop
                                  1: [init_pg(2, t=100.0), timed_step(1, 103.2), late]}, outcome="hung", stop=stop)
     (tick,) = build_timeline(evidence)["ranks"]["1"]["collectives"]
     assert tick[1:] == [2, "DDP's gradient all-reduce"] and tick[0] == 3.2  # at its last event, not the dump
+
+
+# -- the timeline's axis: training to scale, start-up and a hang's wait as bands ------------------------
+
+def started_job(*, first_collective: float = 103.0, stop=None, outcome: str = "completed"):
+    """Both ranks start at 100 s, import torch by 101 s, init the process group at 101.5 s and train
+    from their first collective at ``first_collective`` (steps every 0.1 s after it)."""
+    from ddpdoctor.schema.events import RankEnvironment
+
+    events = {}
+    for rank in range(2):
+        events[rank] = [process_start(t=100.0 + rank * 0.2), RankEnvironment(t=101.0 + rank * 0.1),
+                        init_pg(2, t=101.5), collective("all_reduce", 1, t=first_collective),
+                        *[timed_step(n, first_collective + 0.1 * n) for n in range(1, 6)]]
+    return make_evidence(2, events, outcome=outcome, stop=stop)
+
+
+def test_the_axis_starts_where_training_starts_and_start_up_is_one_labelled_band():
+    from ddpdoctor.analysis.render.svg import BAND_GAP, BAND_W, LABEL_W, TimeAxis, timeline_svg
+
+    timeline = build_timeline(started_job())
+    assert timeline["startup"] == {"end": 3.0, "milestones": [["import torch", 1.0], ["init_process_group", 1.5]]}
+    axis = TimeAxis(timeline, left=LABEL_W, right=LABEL_W + 1000)
+    assert axis.start == 3.0 and axis(0.0) == LABEL_W and axis(1.5) == LABEL_W + BAND_W / 2  # start-up: the band
+    assert axis(3.0) == LABEL_W + BAND_W + BAND_GAP and axis(timeline["end"]) == LABEL_W + 1000  # training: the rest
+    assert all(tick >= 3.0 for tick in axis.ticks())
+    page = parsed(timeline_svg(timeline))
+    words = "".join(page.text)
+    assert "start-up 3.0 s" in words and "import torch 1.0 s" in words and "init_process_group 500 ms" in words
+    assert "rest of set-up 1.5 s" in words and "the axis starts at training (3.00 s)" in words
+
+
+def test_training_starts_at_the_first_ddp_forward_when_it_comes_before_any_collective():
+    evidence = make_evidence(2, {0: [process_start(t=100.0), collective("all_reduce", 1, t=104.0)],
+                                 1: [process_start(t=100.0), timed_step(1, 103.55)]})  # its forward: 0.05 s before
+    assert build_timeline(evidence)["startup"]["end"] == 3.5
+
+
+def test_without_training_the_axis_starts_at_the_first_process_and_has_no_band():
+    from ddpdoctor.analysis.render.svg import LABEL_W, TimeAxis, timeline_svg
+
+    evidence = make_evidence(2, {r: [process_start(t=100.0), init_pg(2, t=101.5)] for r in range(2)})
+    timeline = build_timeline(evidence)
+    assert timeline["startup"] is None
+    assert TimeAxis(timeline, left=LABEL_W, right=LABEL_W + 1000)(0.0) == LABEL_W
+    assert "start-up" not in "".join(parsed(timeline_svg(timeline)).text)
+
+
+def test_a_hangs_wait_is_a_band_too_so_the_steps_before_it_keep_the_width():
+    from ddpdoctor.analysis.render.svg import BAND_W, LABEL_W, TimeAxis, timeline_svg
+
+    stop = stop_snapshot({0: {}, 1: {}}, {}, threshold_s=5.0)
+    stop.t = 140.0  # every rank stalled 31 s, from 109 s: long after its last step (103.5 s)
+    timeline = build_timeline(started_job(stop=stop, outcome="hung"))
+    axis = TimeAxis(timeline, left=LABEL_W, right=LABEL_W + 1000)
+    idle = axis.band("idle")
+    assert idle is not None and idle.x1 - idle.x0 == BAND_W and idle.t1 == 40.0
+    assert idle.t0 > 3.5  # after the last step, with room for its label
+    training = axis.pieces[1]
+    assert (training.t0, training.band) == (3.0, "") and training.x1 - training.x0 > 500  # most of the width
+    words = "".join(parsed(timeline_svg(timeline)).text)
+    assert "no progress" in words and "ddpdoctor stopped the job (hang) at 40.0 s" in words
+
+
+def test_a_post_mortems_stop_is_the_dumps_not_ddpdoctor():
+    from ddpdoctor.analysis.render.svg import timeline_svg
+
+    stop = stop_snapshot({0: {}, 1: {}}, {}, threshold_s=5.0)
+    stop.t = 140.0
+    evidence = started_job(stop=stop, outcome="hung")
+    evidence.observations.launch_mode = "post-mortem"
+    timeline = build_timeline(evidence)
+    assert timeline["stop"]["label"] == "flight recorder dumps (hang)"
+    words = "".join(parsed(timeline_svg(timeline)).text)
+    assert "ddpdoctor stopped" not in words and "flight recorder dumps (hang) at 40.0 s" in words
+    assert "ddpdoctor stopped" not in json.dumps(render_trace(report_of(evidence)))

@@ -70,6 +70,9 @@ svg .stall { fill: #dc2626; fill-opacity: .16; stroke: #dc2626; stroke-opacity: 
 svg .end { font-size: 15px; font-weight: 700; } svg .end.crash { fill: #dc2626; } svg .end.exit { fill: #16a34a; }
 svg .end.stopped { fill: #7c3aed; } svg .stopline { stroke: #7c3aed; stroke-width: 1.5; stroke-dasharray: 5 3; }
 svg .stoplabel { fill: #7c3aed; font-weight: 600; }
+svg .band { fill: #f3f4f6; stroke: #d1d5db; stroke-dasharray: 4 3; } svg .band.idle { fill: #fef2f2; }
+svg .bandlabel { fill: #374151; font-weight: 600; } svg .bandstep { fill: #6b7280; font-size: 10.5px; }
+svg .axisbreak { stroke: #9ca3af; stroke-width: 1.2; fill: none; }
 .legendrow { font-size: 12px; color: var(--muted); margin: 4px 0 0; }
 .legendrow span { margin-right: 14px; }
 footer { color: var(--muted); font-size: 12px; margin-top: 32px; }
@@ -206,7 +209,7 @@ def _suppressed(data: dict) -> str:
     return f"<h2>Suppressed findings</h2><ul>{''.join(items)}</ul>"
 
 
-def _timeline_section(timeline: Optional[dict]) -> str:
+def _timeline_section(timeline: Optional[dict], *, post_mortem: bool = False) -> str:
     if not timeline or not timeline.get("ranks"):
         return ""
     dropped = sum(lane.get("dropped_steps", 0) + lane.get("dropped_collectives", 0)
@@ -217,7 +220,8 @@ def _timeline_section(timeline: Optional[dict]) -> str:
               '<span style="color:#f59e0b">| collective #n</span><span style="color:#dc2626">| first divergence</span>'
               '<span style="color:#7c3aed">▬ torch.save</span>'
               '<span style="color:#dc2626">▨ no progress</span><span style="color:#dc2626">✗ crashed</span>'
-              '<span style="color:#16a34a">■ exited</span><span style="color:#7c3aed">■ stopped by ddpdoctor</span>'
+              '<span style="color:#16a34a">■ exited</span><span style="color:#7c3aed">■ '
+              f'{"dumped (the job stopped on its own)" if post_mortem else "stopped by ddpdoctor"}</span>'
               f'</div><div class="legendrow">{escape(note)}</div>')
     parts = ["<h2>Timeline</h2>", svg.timeline_svg(timeline), legend]
     steps = svg.step_time_svg(timeline)
@@ -242,7 +246,7 @@ def render_html(report: Report, *, fail_on: str = "warning") -> str:
     if data["findings"]:
         body.append("<h2>Findings</h2>")
         body += [_finding(f, sources) for f in data["findings"]]
-    body.append(_timeline_section(data.get("timeline")))
+    body.append(_timeline_section(data.get("timeline"), post_mortem=bool(data.get("post_mortem"))))
     body += ["<h2>Checks</h2>", _checks(data["checks"], data["findings"])]
     if data.get("collective_benchmark") and data["collective_benchmark"].get("rows"):
         body += ["<h2>Collective bandwidth (smoke test)</h2>", svg.bandwidth_svg(data["collective_benchmark"])]

@@ -2,6 +2,8 @@
 
 - :func:`timeline_svg`: one lane per rank over the run's wall time: steps as ticks, collectives as
   numbered ticks, the first divergence marked, stalls shaded, crashes, exits and ddpdoctor's stop.
+  Its axis starts where training starts; start-up (import torch, init_process_group...) is one labelled
+  band of fixed width at the left, and a hang's common wait another, so neither squeezes the steps.
 - :func:`step_time_svg`: seconds per optimizer step over the run, one line per rank (a straggler
   shows as the line above the others); with many ranks, the median and the slowest rank.
 - :func:`bandwidth_svg`: the smoke test's bus bandwidth against message size, one line per op.
@@ -12,17 +14,20 @@ Details are in ``<title>`` elements, which browsers show on hover without any sc
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
 from ddpdoctor.analysis.render.benchmark import format_bytes
 
-__all__ = ["timeline_svg", "step_time_svg", "bandwidth_svg", "PALETTE"]
+__all__ = ["timeline_svg", "step_time_svg", "bandwidth_svg", "PALETTE", "TimeAxis"]
 
 PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777")
 WIDTH = 1100
 LABEL_W = 78
 MAX_LANES_DRAWN_HIGH = 32
+BAND_W = 170  # a compressed stretch of time (start-up, a hang's wait), whatever its duration
+BAND_GAP = 12  # between a band and the axis to scale: where the axis breaks
 
 
 def _f(x: float) -> str:
@@ -53,25 +58,178 @@ def _svg(width: int, height: int, body: list[str], *, label: str, css_class: str
             f'aria-label="{escape(label)}" preserveAspectRatio="xMinYMin meet">' + "".join(body) + "</svg>")
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A stretch of wall time [t0, t1] drawn over pixels [x0, x1]; ``band`` names a compressed one."""
+
+    t0: float
+    t1: float
+    x0: float
+    x1: float
+    band: str = ""  # "" (to scale) | "startup" | "idle"
+
+    def x(self, t: float) -> float:
+        return self.x0 + (self.x1 - self.x0) * (t - self.t0) / max(self.t1 - self.t0, 1e-9)
+
+
+class TimeAxis:
+    """Wall time (seconds since the first rank started) to x, in pieces, so the width goes where
+    steps and collectives are: start-up (0 to training) is a band of ``BAND_W`` pixels at the left, a
+    stretch where every rank made no progress (a hang) another band when it would take over half of
+    the axis, and the rest of training is to scale. Without training, [0, end] is to scale."""
+
+    def __init__(self, timeline: dict, *, left: float, right: float) -> None:
+        startup = timeline.get("startup") or {}
+        self.start = max(0.0, float(startup.get("end") or 0.0))
+        self.end = max(float(timeline.get("end") or 0.0), self.start + 1e-3)
+        self.pieces: list[Piece] = []
+        x = left
+        if self.start > 0:
+            self.pieces.append(Piece(0.0, self.start, x, x + BAND_W, "startup"))
+            x += BAND_W + BAND_GAP
+        idle = common_stall(timeline, self.start, self.end)
+        if idle is None:
+            self.pieces.append(Piece(self.start, self.end, x, right))
+            return
+        a, b = idle
+        to_scale = (a - self.start) + (self.end - b)
+        width = right - x - BAND_W - 2 * BAND_GAP
+        before = width * (a - self.start) / to_scale if to_scale > 0 else width
+        self.pieces.append(Piece(self.start, a, x, x + before))
+        x += before + BAND_GAP
+        self.pieces.append(Piece(a, b, x, x + BAND_W, "idle"))
+        if self.end > b:
+            self.pieces.append(Piece(b, self.end, x + BAND_W + BAND_GAP, right))
+
+    def __call__(self, t: Optional[float]) -> float:
+        value = max(0.0, min(float(t or 0.0), self.end))
+        piece = next((p for p in self.pieces if value < p.t1), self.pieces[-1])  # a piece's start is its own
+        return piece.x(max(value, piece.t0))
+
+    def band(self, name: str) -> Optional[Piece]:
+        return next((p for p in self.pieces if p.band == name), None)
+
+    def ticks(self) -> list[float]:
+        """Round seconds inside the pieces drawn to scale, at one spacing for all of them."""
+        scaled = [p for p in self.pieces if not p.band and p.x1 - p.x0 >= 60]
+        if not scaled:
+            return []
+        span = sum(p.t1 - p.t0 for p in scaled)
+        count = max(2, round(8 * sum(p.x1 - p.x0 for p in scaled) / max(self.pieces[-1].x1 - self.pieces[0].x0, 1)))
+        spacing = nice_ticks(0.0, span, count)
+        step = spacing[1] - spacing[0] if len(spacing) > 1 else span
+        return [t for p in scaled for t in _multiples(p.t0, p.t1, step)]
+
+
+def _multiples(low: float, high: float, step: float) -> list[float]:
+    first = math.ceil(low / step - 1e-9) * step
+    return [round(first + i * step, 10) for i in range(int((high - first) / step + 1e-9) + 1)]
+
+
+def common_stall(timeline: dict, start: float, end: float) -> Optional[tuple[float, float]]:
+    """The stretch where no rank did anything, in a run whose every rank was seen stalled: from the
+    last step, collective or save of any rank to the end of the earliest rank's last stall, when it
+    would take over half of the training axis drawn to scale; None otherwise."""
+    lanes = list((timeline.get("ranks") or {}).values())
+    stalls = [lane["stalls"][-1] for lane in lanes if lane.get("stalls")]
+    if not lanes or len(stalls) < len(lanes):
+        return None
+    activity = [start] + [float(p[0]) for lane in lanes for key in ("steps", "collectives") for p in lane.get(key) or []]
+    activity += [float(t) + float(d) for lane in lanes for t, d, *_ in lane.get("saves") or []]
+    last, b = max(activity), min(float(s[1]) for s in stalls)
+    a = min(b, last + 0.25 * (last - start))  # room after the last tick for its label
+    if b - a <= 0.5 * (end - start):
+        return None
+    return a, b
+
+
+def _band_words(piece: Piece, lines: list[tuple[str, str]], title: str, *, top: float, lanes_h: float) -> list[str]:
+    """A band's words over the lanes, as many lines as fit (the first says what the band is)."""
+    fit = max(1, int((lanes_h - 2) // 13))
+    if len(lines) > fit:
+        lines = lines[:1] if fit == 1 else lines[:fit - 1] + [("…", "bandstep")]
+    out = []
+    y = top + max(11.0, (lanes_h - 13 * len(lines)) / 2 + 9)
+    for text, cls in lines:
+        out.append(f'<text class="{cls}" x="{_f(piece.x0 + 8)}" y="{_f(y)}">{escape(text)}<title>{escape(title)}'
+                   "</title></text>")
+        y += 13
+    return out
+
+
+def _band_under(piece: Piece, title: str, *, top: float, lanes_h: float) -> list[str]:
+    """A band's background and the axis break after it (and before it, for a band inside the axis)."""
+    out = [f'<rect class="band {piece.band}" x="{_f(piece.x0)}" y="{top - 4}" width="{_f(piece.x1 - piece.x0)}" '
+           f'height="{_f(lanes_h + 4)}"><title>{escape(title)}</title></rect>']
+    y = top + lanes_h + 8
+    for gap in ([piece.x0 - BAND_GAP / 2] if piece.band != "startup" else []) + [piece.x1 + BAND_GAP / 2]:
+        out.append(f'<path class="axisbreak" d="M{_f(gap - 4)} {_f(y)} l4 -8 M{_f(gap)} {_f(y)} l4 -8"/>')
+    return out
+
+
+def _startup_phases(timeline: dict, start: float) -> list[tuple[str, float]]:
+    """(what, seconds) from one milestone to the next (the first rank to get there), then the rest of
+    the set-up until training: they add up to the start-up."""
+    phases, previous = [], 0.0
+    for what, t in (timeline.get("startup") or {}).get("milestones") or []:
+        phases.append((str(what), max(0.0, float(t) - previous)))
+        previous = float(t)
+    if phases and start > previous:
+        phases.append(("rest of set-up", start - previous))
+    return phases
+
+
+def _bands(timeline: dict, axis: TimeAxis, *, top: float, lanes_h: float) -> tuple[list[str], list[str]]:
+    """The compressed bands: (what goes under the lanes, their words that go over them)."""
+    under: list[str] = []
+    over: list[str] = []
+    startup = axis.band("startup")
+    if startup is not None:
+        phases = _startup_phases(timeline, axis.start)
+        title = (f"start-up {_duration(axis.start)}, from the first rank's start to the first sign of training "
+                 "(a DDP forward, an optimizer step or a collective), drawn compressed"
+                 + "".join(f"; {what} {_duration(d)}" for what, d in phases))
+        under += _band_under(startup, title, top=top, lanes_h=lanes_h)
+        under.append(f'<text class="axis" x="{_f(startup.x0)}" y="{_f(top + lanes_h + 16)}">0 s</text>')
+        over += _band_words(startup, [(f"start-up {_duration(axis.start)}", "bandlabel"),
+                                      *((f"{what} {_duration(d)}", "bandstep") for what, d in phases)],
+                            title, top=top, lanes_h=lanes_h)
+    idle = axis.band("idle")
+    if idle is not None:
+        title = (f"no rank made progress from {idle.t0:.1f} s to {idle.t1:.1f} s ({_duration(idle.t1 - idle.t0)}), "
+                 "drawn compressed")
+        under += _band_under(idle, title, top=top, lanes_h=lanes_h)
+        over += _band_words(idle, [(f"no progress {_duration(idle.t1 - idle.t0)}", "bandlabel"),
+                                   (f"{idle.t0:.1f} s to {idle.t1:.1f} s", "bandstep")],
+                            title, top=top, lanes_h=lanes_h)
+    return under, over
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
+
+
 def timeline_svg(timeline: dict) -> str:
-    """Every rank's lane over wall time (seconds since the first event)."""
+    """Every rank's lane over wall time (seconds since the first event); the axis starts at training."""
     ranks = sorted(timeline.get("ranks", {}).items(), key=lambda kv: int(kv[0]))
-    end = max(float(timeline.get("end") or 0.0), 1e-3)
     lane_h = 30 if len(ranks) <= MAX_LANES_DRAWN_HIGH else max(4, 600 // max(len(ranks), 1))
     top, plot_w = 34, WIDTH - LABEL_W - 20
     height = top + lane_h * len(ranks) + 46
+    x = TimeAxis(timeline, left=LABEL_W, right=LABEL_W + plot_w)
+    end = x.end
 
-    def x(t: Optional[float]) -> float:
-        return LABEL_W + plot_w * max(0.0, min(float(t or 0.0), end)) / end
-
-    out: list[str] = []
-    for tick in nice_ticks(0.0, end):
+    out, band_words = _bands(timeline, x, top=top, lanes_h=lane_h * len(ranks))
+    for tick in x.ticks():
         out.append(f'<line class="grid" x1="{_f(x(tick))}" y1="{top - 4}" x2="{_f(x(tick))}" '
                    f'y2="{top + lane_h * len(ranks)}"/>')
         out.append(f'<text class="axis" x="{_f(x(tick))}" y="{top + lane_h * len(ranks) + 16}" '
                    f'text-anchor="middle">{escape(_seconds_label(tick))}</text>')
+    caption = "wall time since the first rank started" + (
+        f"; the axis starts at training ({x.start:.2f} s), start-up is the band at the left" if x.start > 0 else "")
+    if x.band("idle") is not None:
+        caption += "; the wait where no rank progressed is compressed too"
     out.append(f'<text class="axis" x="{LABEL_W + plot_w}" y="{top + lane_h * len(ranks) + 34}" text-anchor="end">'
-               "wall time since the first rank started</text>")
+               f"{escape(caption)}</text>")
     divergence = timeline.get("first_divergence")
     small = lane_h < 16
     diverged_at = [t for _, lane in ranks for t, n, _ in lane.get("collectives", []) if n == divergence]
@@ -133,13 +291,15 @@ def timeline_svg(timeline: dict) -> str:
                        f'{glyph}<title>rank {escape(rank)}: {escape(finish.get("detail") or kind or "")} at '
                        f'{finish["t"]:.2f} s</title></text>')
         out.append("</g>")
+    out += band_words
     stop = timeline.get("stop")
     if stop and stop.get("t") is not None:
         px = x(stop["t"])
         out.append(f'<line class="stopline" x1="{_f(px)}" y1="{top - 14}" x2="{_f(px)}" '
                    f'y2="{top + lane_h * len(ranks)}"/>')
+        label = stop.get("label") or f"ddpdoctor stopped the job ({stop.get('reason')})"
         out.append(f'<text class="stoplabel" x="{_f(px - 4)}" y="{top - 18}" text-anchor="end">'
-                   f'ddpdoctor stopped the job ({escape(str(stop.get("reason")))}) at {stop["t"]:.1f} s</text>')
+                   f'{escape(label)} at {stop["t"]:.1f} s</text>')
     return _svg(WIDTH, height, out, label="per-rank timeline", css_class="timeline")
 
 

@@ -114,7 +114,8 @@ def render_trace(report: Report) -> dict:
                            "s": "p", "pid": rank, "tid": OBSERVED, "ts": _us(end["t"])})
     stop = timeline.get("stop")
     if stop and stop.get("t") is not None:
-        events.append({"name": f"ddpdoctor stopped the job ({stop.get('reason')})", "cat": "stop", "ph": "i",
+        events.append({"name": stop.get("label") or f"ddpdoctor stopped the job ({stop.get('reason')})",
+                       "cat": "stop", "ph": "i",
                        "s": "g", "pid": 0, "tid": OBSERVED, "ts": _us(stop["t"])})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"generator": f"ddpdoctor {report.version}", "script": report.script or "reference job",
