@@ -8,14 +8,17 @@ from typing import Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, Step
+from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 
 from ._common import fmt_ranks, short_site
 
 ID = "optimizer-params"
 STUCK_STEPS = 5  # fingerprinted steps in a row with a gradient and unchanged weights
-LOW_PRECISION = ("torch.bfloat16", "torch.float16")
+# A gradient whose RMS is at most this fraction of the median gradient RMS of its optimizer's
+# parameters is zero but for rounding (a bias before BatchNorm: about 1e-7 of the others).
+NEGLIGIBLE_GRADIENT = 1e-5
+UNSTEPPED = ("model-not-stepped", "parameters-not-stepped")
 
 DOCS = """\
 ## What it does
@@ -28,14 +31,28 @@ an optimizer's tensors must be the model's own. It is an error when:
   gradient, so the model's weights never change;
 - some of the model's parameters get gradients but no optimizer steps them (a head replaced
   after the optimizer was built): they are named, with the line where the optimizer was built;
-- a backstop: weights that get non-zero gradients at five fingerprinted steps in a row, with a
-  positive learning rate, never change: something writes the same values back before each step
-  (a `load_state_dict` in the loop), the optimizer's update does not reach them, or their
-  bfloat16/float16 precision swallows the updates.
+- weights that get non-zero gradients at five fingerprinted steps in a row, with a positive
+  learning rate, are written back to the same values before each step (a `load_state_dict` in
+  the loop: their version counter moves, their values do not).
 
-Several optimizers that together cover the model (GANs, actor-critic), ZeroRedundancyOptimizer,
-frozen parameters (`requires_grad=False`), EMA or teacher copies that are not trained through DDP,
-and param groups with `lr=0` are correct and stay silent. The comparison is by tensor identity
+A backstop looks at any other weights that never change despite their gradients, and says why
+rather than guessing. Right after a step that left a weight unchanged, the rank measures the
+update the optimizer applied (the learning rate times its step direction: Adam's m/(sqrt(v)+eps),
+SGD's momentum buffer or gradient, decoupled weight decay) against the spacing of the weight's
+dtype at its value:
+
+- a gradient that is negligible next to the others' (a bias before a norm layer: BatchNorm removes
+  the mean, so the bias's gradient is zero but for rounding) is no evidence: nothing is reported;
+- an update below the weights' precision (LayerNorm scales kept in bfloat16 under AdamW: at 1.0
+  bfloat16 steps by 2**-7) is a warning naming the parameters: the same on every rank, not a DDP
+  fault, but training the job never gets;
+- anything else is an info, since nothing shows why.
+
+A DDP model that gets gradients while no optimizer holds its parameters or a copy of them (a test
+script that only compares gradients, weights updated by hand) is an info. Several optimizers that
+together cover the model (GANs, actor-critic), ZeroRedundancyOptimizer, frozen parameters
+(`requires_grad=False`), EMA or teacher copies that are not trained through DDP, and param groups
+with `lr=0` are correct and stay silent. The comparison is by tensor identity
 as DDP sees it, so a sharded wrapper that replaces the parameters (FSDP2's `fully_shard` after the
 optimizer was built) fits the same test.
 
@@ -156,11 +173,15 @@ def _unstepped_findings(evidence: Evidence) -> list[Finding]:
             if not missing:
                 continue
             stale = _stale(evidence, rank)
-            key = (model.index, tuple(missing), not model.stepped)
-            entry = problems.setdefault(key, {"ranks": [], "model": model, "missing": missing, "stale": stale,
-                                              "infos": infos})
-            entry["ranks"].append(rank)
-    return [_unstepped_finding(**entry) for entry in problems.values()]
+            # Models wrapped at the same line are one root cause (a test script builds one per case).
+            site = Location.from_site(model.wrap.site)
+            problem = (site or model.index, tuple(missing), not model.stepped)
+            entry = problems.setdefault(problem, {"ranks": [], "models": set(), "model": model, "missing": missing,
+                                              "stale": stale, "infos": infos})
+            entry["models"].add(model.index)
+            if rank not in entry["ranks"]:
+                entry["ranks"].append(rank)
+    return [_unstepped_finding(**{**entry, "models": len(entry["models"])}) for entry in problems.values()]
 
 
 def _shapes(info: OptimizerInfo, positions: list[int]) -> str:
@@ -168,8 +189,8 @@ def _shapes(info: OptimizerInfo, positions: list[int]) -> str:
     return ", ".join(str(list(s)) for s in shapes) + (", ..." if len(positions) > 4 else "")
 
 
-def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], stale: dict[int, list[int]],
-                       infos: dict[int, OptimizerInfo]) -> Finding:
+def _unstepped_finding(*, ranks: list[int], models: int, model: _Model, missing: list[str],
+                       stale: dict[int, list[int]], infos: dict[int, OptimizerInfo]) -> Finding:
     num_stale = sum(len(v) for v in stale.values())
     holder = infos.get(next(iter(stale), -1)) or next(iter(infos.values()))
     stale_here = stale.get(holder.opt, [])
@@ -187,16 +208,26 @@ def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], s
                                   "shapes": [infos[opt].shapes[i] for i in positions if i < len(infos[opt].shapes)]}
                                  for opt, positions in stale.items() if opt in infos],
     }
+    severity = "error"
+    if models > 1:
+        evidence_out["models"] = models
+    model_text = "the DDP model" if models == 1 else f"the {models} DDP models"
     if not model.stepped:
         if num_stale:
-            message = (f"no optimizer steps the parameters of the DDP model (wrapped at {short_site(wrapped_at)}): "
+            message = (f"no optimizer steps the parameters of {model_text} (wrapped at {short_site(wrapped_at)}): "
                        f"optimizer {holder.opt} ({holder.type_name}, built at {short_site(built_at)}) steps "
                        f"{num_stale} tensor{'s' if num_stale > 1 else ''} that the model's forward never uses (they "
                        f"get no gradient), so the model's weights never change: a copy of the model "
                        f"(`copy.deepcopy`), or tensors replaced after the optimizer was built")
         else:
-            message = (f"no optimizer steps the parameters of the DDP model (wrapped at {short_site(wrapped_at)}): its "
-                       f"{len(missing)} parameters get gradients, but its weights never change")
+            # No optimizer holds a stale copy either: nothing shows the model was meant to be stepped (a script
+            # that only computes and compares gradients, weights updated by hand).
+            severity = "info"
+            message = (f"no optimizer steps the parameters of {model_text} (wrapped at {short_site(wrapped_at)}): "
+                       f"{'its' if models == 1 else 'their'} {len(missing)} parameters get gradients in backward "
+                       f"passes, and no optimizer holds them or a copy of them; fine for a script that only computes "
+                       f"gradients or updates the weights by hand, not for one that means to train "
+                       f"{'it' if models == 1 else 'them'} with an optimizer")
         fix = ("Build the optimizer over the model DDP trains: `optimizer = Optimizer(model.parameters(), ...)`, after "
                "every change to the model; keep copies (EMA, teacher) out of the optimizer and update them under "
                "`torch.no_grad()`.")
@@ -210,24 +241,39 @@ def _unstepped_finding(*, ranks: list[int], model: _Model, missing: list[str], s
         fix = ("Build the optimizer after the last change to the model (a new head, a replaced layer), over "
                "`model.parameters()`, or add the new parameters with `optimizer.add_param_group`. Freeze what must "
                "not train with `requires_grad_(False)`.")
-    return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=built_at,
+    # The info names the models (no optimizer is involved); the errors the optimizer that misses them.
+    location = wrapped_at if severity == "info" else built_at
+    return Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks), location=location,
                    evidence=evidence_out)
 
 
-def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
-    """The backstop: weights with non-zero gradients and a real learning rate that never change,
-    whether the optimizer's update does not reach them (equal after consecutive fingerprinted steps)
-    or something writes the same values back before each step (equal when written)."""
+def _stuck_findings(evidence: Evidence) -> list[Finding]:
+    """The backstop: weights with non-zero gradients and a positive learning rate that never change
+    over ``STUCK_STEPS`` fingerprinted steps, judged by why they do not (never guessed):
+
+    - the same values are written back before each step (their version counter moved): an error;
+    - the gradient is negligible next to the optimizer's other gradients (a bias before a norm
+      layer, whose gradient is mathematically zero): no evidence of anything, nothing reported;
+    - the update the optimizer applies is smaller than the spacing of the weight's dtype at its
+      value (bfloat16 LayerNorm scales under AdamW): a warning naming the parameters, the same on
+      every rank and no DDP fault, but updates the job loses;
+    - anything else: an info, since ddpdoctor cannot say why.
+    """
     if not evidence.ranks:
-        return None
+        return []
     rank = min(evidence.ranks)
     ev = evidence.ranks[rank]
     states: dict[int, list[ConfigState]] = {}
     for state in ev.of(ConfigState):
         states.setdefault(state.opt, []).append(state)
+    measured: dict[tuple[int, int], list[tuple[Optional[float], Optional[float], Optional[float]]]] = {}
+    for event in ev.of(UnchangedWeights):
+        for position, (rms, ratio) in event.params.items():
+            measured.setdefault((event.opt, int(position)), []).append((rms, ratio, event.grad_rms_median))
     previous: dict[int, tuple[list, Optional[list]]] = {}  # opt -> (params after, params written before)
     streaks: dict[tuple[int, int], list[int]] = {}
     restored: set[tuple[int, int]] = set()
+    stuck: dict[tuple[int, int], tuple[OptimizerInfo, list[int]]] = {}
     for step in ev.of(Step):
         if step.grads is None or step.params is None:
             continue
@@ -258,8 +304,32 @@ def _stuck_finding(evidence: Evidence) -> Optional[Finding]:
             if same_written:
                 restored.add(key)
             if len(streak) >= STUCK_STEPS:
-                return _stuck(evidence, rank, info, i, streak, restored=key in restored)
-    return None
+                stuck[key] = (info, list(streak))
+    kinds: dict[str, list[tuple[OptimizerInfo, int, list[int], list]]] = {}
+    for key, (info, steps) in stuck.items():
+        found = measured.get(key, [])
+        if key in restored:
+            kind = "restored"
+        elif found and all(_negligible(rms, median) for rms, _, median in found):
+            continue  # a gradient that is zero but for rounding: not evidence of anything
+        elif found and all(ratio is not None and ratio < 1 for _, ratio, _ in found):
+            kind = "below-precision"
+        else:
+            kind = "unexplained"
+        kinds.setdefault(kind, []).append((info, key[1], steps, found))
+    findings = []
+    if "restored" in kinds:
+        info, index, steps, _ = kinds["restored"][0]
+        findings.append(_restored(evidence, rank, info, index, steps))
+    if "below-precision" in kinds:
+        findings.append(_below_precision(evidence, rank, kinds["below-precision"]))
+    if "unexplained" in kinds:
+        findings.append(_unexplained(evidence, rank, kinds["unexplained"]))
+    return findings
+
+
+def _negligible(rms: Optional[float], median: Optional[float]) -> bool:
+    return rms is not None and median is not None and median > 0 and rms <= NEGLIGIBLE_GRADIENT * median
 
 
 def _config_at(states: list[ConfigState], step: Step) -> Optional[ConfigState]:
@@ -277,34 +347,79 @@ def _group_of(info: OptimizerInfo) -> list[int]:
     return out
 
 
-def _stuck(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, steps: list[int], *, restored: bool
-           ) -> Finding:
-    name = info.names[index] if index < len(info.names) else f"param{index}"
-    dtype = info.dtypes[index] if index < len(info.dtypes) else ""
+def _name(info: OptimizerInfo, index: int) -> str:
+    return info.names[index] if index < len(info.names) else f"param{index}"
+
+
+def _dtype(info: OptimizerInfo, index: int) -> str:
+    return info.dtypes[index] if index < len(info.dtypes) else ""
+
+
+def _stuck_ranks(evidence: Evidence, rank: int, info: OptimizerInfo, steps: list[int]) -> tuple[int, ...]:
     last = evidence.facts.sampled_steps.get((steps[-1], info.opt), {})
     mine = last.get(rank)
-    ranks = tuple(sorted(r for r, e in last.items() if mine is not None and e.params == mine.params)) or (rank,)
-    head = (f"`{name}` got non-zero gradients at optimizer steps {steps[0]}-{steps[-1]} ({len(steps)} fingerprinted "
-            f"steps) with a learning rate that should move it, but its weights never changed: ")
-    case = "weights-restored" if restored else "weights-never-change"
-    if restored:
-        message = head + ("something outside the optimizer writes the same values back into it before each step "
-                          "(its version counter moved between steps: a `load_state_dict`, a `copy_` of saved weights)")
-        fix = ("Do not restore the weights inside the training loop: load a checkpoint once, before training (and "
-               "before wrapping the model in DDP).")
-    elif dtype in LOW_PRECISION:
-        case = "updates-below-precision"
-        message = head + (f"its weights are {dtype.replace('torch.', '')}, whose precision swallows updates this "
-                          f"small (each is under half a unit in the last place of the weights)")
-        fix = ("Keep float32 master weights (torch.autocast for the forward, or an optimizer with float32 state and "
-               "weights), or raise the learning rate.")
+    return tuple(sorted(r for r, e in last.items() if mine is not None and e.params == mine.params)) or (rank,)
+
+
+def _names(entries: list) -> str:
+    names = [f"`{_name(info, index)}`" for info, index, _, _ in entries]
+    return ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+
+
+def _restored(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, steps: list[int]) -> Finding:
+    name = _name(info, index)
+    message = (f"`{name}` got non-zero gradients at optimizer steps {steps[0]}-{steps[-1]} ({len(steps)} fingerprinted "
+               f"steps) with a learning rate that should move it, but its weights never changed: something outside "
+               f"the optimizer writes the same values back into it before each step (its version counter moved "
+               f"between steps: a `load_state_dict`, a `copy_` of saved weights)")
+    fix = ("Do not restore the weights inside the training loop: load a checkpoint once, before training (and before "
+           "wrapping the model in DDP).")
+    return Finding(check=ID, severity="error", message=message, ranks=_stuck_ranks(evidence, rank, info, steps),
+                   location=_site(info), fix=fix,
+                   evidence={"case": "weights-restored", "optimizer": info.opt, "parameter": name,
+                             "dtype": _dtype(info, index) or None, "steps": steps})
+
+
+def _below_precision(evidence: Evidence, rank: int, entries: list) -> Finding:
+    info, _, steps, _ = entries[0]
+    dtypes = sorted({_dtype(i, index).replace("torch.", "") for i, index, _, _ in entries if _dtype(i, index)})
+    ratios = [ratio for _, _, _, found in entries for _, ratio, _ in found if ratio is not None]
+    low = any(d in ("bfloat16", "float16") for d in dtypes)
+    count = len(entries)
+    message = (f"the optimizer's updates of {count} parameter{'s' if count > 1 else ''} ({_names(entries)}) are "
+               f"smaller than the precision of their {'/'.join(dtypes) or 'weights'} weights, so they round away and "
+               f"the weights never change (at most {max(ratios):.2g} of the spacing between representable values, "
+               f"over {len(steps)} fingerprinted steps): the same on every rank and no DDP fault, but these "
+               f"parameters never train")
+    if low:
+        fix = ("Keep float32 master weights: train in float32 under `torch.autocast(dtype=torch.bfloat16)` instead of "
+               "`model.to(torch.bfloat16)`, or use an optimizer that keeps float32 weights (or stochastic rounding) "
+               "for low-precision parameters.")
     else:
-        message = head + "the optimizer's update does not reach the tensor the model uses"
-        fix = ("Check what the optimizer holds: build it over `model.parameters()` after every change to the model, "
-               "and let nothing replace the parameters' data after it was built.")
-    return Finding(check=ID, severity="error", message=message, ranks=ranks, location=_site(info), fix=fix,
-                   evidence={"case": case, "optimizer": info.opt, "parameter": name, "dtype": dtype or None,
-                             "steps": steps})
+        fix = "Raise the learning rate of these parameters' param group, or keep them in a wider dtype."
+    ranks = tuple(sorted({r for i, _, s, _ in entries for r in _stuck_ranks(evidence, rank, i, s)}))
+    return Finding(check=ID, severity="warning", message=message, ranks=ranks, location=_site(info), fix=fix,
+                   evidence={"case": "updates-below-precision", "optimizer": info.opt,
+                             "parameters": [_name(i, index) for i, index, _, _ in entries], "dtypes": dtypes,
+                             "largest_update_to_spacing": max(ratios), "steps": steps})
+
+
+def _unexplained(evidence: Evidence, rank: int, entries: list) -> Finding:
+    info, _, steps, found = entries[0]
+    count = len(entries)
+    measured = any(ratio is not None for _, _, _, f in entries for _, ratio, _ in f)
+    why = ("the optimizer's update should have moved them" if measured
+           else f"ddpdoctor cannot compute the update of {info.type_name}")
+    message = (f"{count} parameter{'s' if count > 1 else ''} ({_names(entries)}) got non-zero gradients and a positive "
+               f"learning rate at {len(steps)} fingerprinted steps in a row ({steps[0]}-{steps[-1]}), but "
+               f"{'their' if count > 1 else 'its'} weights never changed, and {why}: something may write them "
+               f"outside the optimizer, or the optimizer may skip them; ddpdoctor cannot tell which")
+    fix = ("Check that the weights change between steps (compare a parameter before and after `optimizer.step()`), and "
+           "what the optimizer holds: build it over `model.parameters()` after every change to the model.")
+    ranks = tuple(sorted({r for i, _, s, _ in entries for r in _stuck_ranks(evidence, rank, i, s)}))
+    return Finding(check=ID, severity="info", message=message, ranks=ranks, location=_site(info), fix=fix,
+                   evidence={"case": "weights-never-change", "optimizer": info.opt,
+                             "parameters": [_name(i, index) for i, index, _, _ in entries], "steps": steps})
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -313,11 +428,14 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not evidence.any(OptimizerInfo):
         return CheckResult(summary="no optimizer stepped", applicable=False)
     findings = _unstepped_findings(evidence)
-    if not findings:
-        stuck = _stuck_finding(evidence)
-        if stuck is not None:
-            return CheckResult(findings=[stuck], summary=f"the weights of `{stuck.evidence['parameter']}` never change "
-                                                         f"despite its gradients")
+    if not [f for f in findings if f.severity == "error"]:
+        stuck = _stuck_findings(evidence)
+        findings += stuck
+        if stuck and not [f for f in findings if f.evidence.get("case") in UNSTEPPED]:
+            worst = stuck[0]
+            parameters = worst.evidence.get("parameters") or [worst.evidence.get("parameter")]
+            what = ", ".join(f"`{p}`" for p in parameters[:3]) + (" ..." if len(parameters) > 3 else "")
+            return CheckResult(findings=stuck, summary=f"the weights of {what} never change despite gradients")
     if findings:
         return CheckResult(findings=findings, summary=f"the optimizers do not step the model's parameters "
                                                       f"({fmt_ranks(r for f in findings for r in f.ranks)})")

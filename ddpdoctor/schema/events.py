@@ -25,7 +25,7 @@ __all__ = [
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
     "ContentPass",
     "ConfigState", "ModeChange", "ParamGroupsWrite", "ModuleConversion", "DDPRewrap", "DDPBypass", "CommHook",
-    "ContentPass", "InternalCollectives", "INTERNAL_PHASES",
+    "ContentPass", "InternalCollectives", "INTERNAL_PHASES", "UnchangedWeights",
 ]
 
 SCHEMA_VERSION = 4  # 3: step fingerprints as encoded strings; 4: collectives numbered by the process group
@@ -270,6 +270,28 @@ class Step(Event):
     # ``t`` the first DDP forward, the first gradient, the last gradient and the optimizer's step
     # began] (None where not seen): the step's phases for the timeline and --trace.
     timing: Optional[list] = None
+
+
+@dataclass(kw_only=True, slots=True)
+class UnchangedWeights(Event):
+    """Parameters an optimizer step left bit-for-bit unchanged although they had a non-zero gradient
+    (their fingerprint equals the previous fingerprinted step's), measured right after that step so
+    the analysis can tell why instead of guessing (each parameter a few times per run at most).
+
+    ``params``: position in the optimizer -> [gradient RMS, update ratio]: the largest, over the
+    tensor's elements, of the update this optimizer's step applies (learning rate times its step
+    direction: Adam's bias-corrected m/(sqrt(v)+eps), SGD's momentum buffer or gradient, decoupled
+    weight decay) divided by the spacing of the weight's dtype at the element's value. Below 1 the
+    update rounds away; None where the optimizer's rule is not known. ``grad_rms_median``: the median
+    gradient RMS over the optimizer's parameters with a gradient, against which a gradient is
+    negligible (a bias before a norm layer, whose gradient is mathematically zero).
+    """
+
+    kind: ClassVar[str] = "unchanged_weights"
+    opt: int = 0
+    n: int = 0
+    params: dict = field(default_factory=dict)
+    grad_rms_median: Optional[float] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -646,7 +668,7 @@ EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
                 DeviceSimulation,
-                DDPWrap, BufferFingerprint, OptimizerInfo, Step, DDPUsage, LoaderPass, Collective,
+                DDPWrap, BufferFingerprint, OptimizerInfo, Step, UnchangedWeights, DDPUsage, LoaderPass, Collective,
                 InternalCollectives, JoinEvent, Save,
                 Load, DistributedCheckpoint,
                 RankEnvironment, RankDevices, CollectiveBenchmark,

@@ -128,6 +128,13 @@ def optimizer(names: Iterable[str] = ("fc.weight", "fc.bias"), *, in_ddp: Option
                             dtypes=dtypes if dtypes is not None else ["torch.float32"] * len(names))
 
 
+def unchanged(n: int, params: dict, *, opt: int = 0, median: Optional[float] = 1.0) -> ev.UnchangedWeights:
+    """What the rank measured of weights step ``n`` left unchanged: {position: [gradient RMS, update
+    to spacing ratio]} and the optimizer's median gradient RMS."""
+    return ev.UnchangedWeights(t=float(n) + 0.5, step=n, opt=opt, n=n,
+                               params={str(k): list(v) for k, v in params.items()}, grad_rms_median=median)
+
+
 def forwards(synced: int = 1, unsynced: int = 0, inner: Optional[int] = None) -> dict:
     """Training forwards of one DDP module since the previous step of an optimizer.
 

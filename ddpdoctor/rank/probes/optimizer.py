@@ -32,18 +32,19 @@ from typing import Callable, Optional
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ddpdoctor.rank import bounds, callsite
+from ddpdoctor.rank import bounds, callsite, update_size
 from ddpdoctor.rank import fingerprint as fingerprints
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes import wrapping
 from ddpdoctor.rank.recorder import Recorder, StepTiming
-from ddpdoctor.schema.events import ConfigState, OptimizerInfo, Step
+from ddpdoctor.schema.events import ConfigState, OptimizerInfo, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
 
 PROBE = "optimizer"
+EXAMINE_UNCHANGED = 8  # measurements of one unchanged weight per run: enough for the check's 5-step streak
 
 
 class _OptimizerState:
@@ -63,6 +64,8 @@ class _OptimizerState:
         self.scale: Optional[fingerprints.Pending] = None
         self.versions: Optional[list[int]] = None  # parameters' version counters after a step before a sampled one
         self.written: Optional[fingerprints.Pending] = None
+        self.last_param_values: Optional[list] = None  # the parameters' fingerprints after the last sampled step
+        self.examined: dict[int, int] = {}  # position -> times an unchanged weight was measured (UnchangedWeights)
 
     def forwards_since_last_step(self) -> dict[str, dict[str, int]]:
         out = {}
@@ -241,6 +244,9 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         step.touched, as_reduced = reduced.compare(resolved, sampled_values)
         step.reduced = encode_fingerprints(as_reduced)
     step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
+    with rec.guard(PROBE, "unchanged weights"):
+        _measure_unchanged(rec, state, optimizer, grad_values, param_values)
+    state.last_param_values = param_values
     if state.config is not None:
         digest, detail = state.config
         if scale_value is not None:
@@ -249,6 +255,24 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         if digest != state.last_digest:
             state.last_digest = digest
             rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest, **{**detail(), "scale": scale_value}))
+
+
+def _measure_unchanged(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer,
+                       grad_values: list, param_values: list) -> None:
+    """Parameters this step left bit-for-bit unchanged despite a non-zero gradient: how their update
+    compares with their dtype's spacing (rank/update_size.py), a few times per parameter and run."""
+    previous = state.last_param_values
+    if previous is None or len(previous) != len(param_values):
+        return
+    positions = [i for i, (grad, now, before) in enumerate(zip(grad_values, param_values, previous))
+                 if grad is not None and grad[0] and now is not None and now == before
+                 and state.examined.get(i, 0) < EXAMINE_UNCHANGED]
+    if not positions:
+        return
+    for i in positions:
+        state.examined[i] = state.examined.get(i, 0) + 1
+    params, median = update_size.examine(optimizer, positions)
+    rec.emit(UnchangedWeights(opt=state.index, n=state.num_steps, params=params, grad_rms_median=median))
 
 
 def _float_of_bits(word: int) -> float:
