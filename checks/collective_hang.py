@@ -170,7 +170,8 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
         return Finding(
             check=ID, severity="warning", ranks=tuple(sorted(int(r) for r in states)), location=location,
             message=(f"no rank made progress for {max((s.get('stalled_s') or 0) for s in states.values()):.0f}s "
-                     f"and the job was stopped: {'; '.join(lines) or 'no rank answered'}{tail}; not every rank waits "
+                     f"{'when the ranks dumped' if evidence.post_mortem else 'and the job was stopped'}: "
+                     f"{'; '.join(lines) or 'no rank answered'}{tail}; not every rank waits "
                      f"in a collective, so this is not proven to be a hang{detail}"),
             fix=("If a rank was legitimately busy (a large checkpoint, slow storage), raise --hang-timeout; otherwise "
                  "the stacks show where each rank was stuck."),

@@ -351,3 +351,10 @@ def test_error_files_hold_no_step_so_the_report_names_none(tmp_path):
         assert not any(claim in text for claim in ("first optimizer step", "last optimizer step", "after optimizer step",
                                                    "step 0")), name
         assert "no process group" not in text, name  # the ranks had one: the files just do not show it
+        if name != "junit":  # the header: no run time the files do not hold, no backend or device they do not name
+            assert "post-mortem, its files read in" in text and "(1 node, unknown, unknown)" in text, name
+
+
+def test_a_post_mortem_says_the_dumps_not_ddpdoctor_stopped_the_ranks():
+    finding = _root(DATA / "stuck")
+    assert "when the ranks dumped" in finding.message and "the job was stopped" not in finding.message

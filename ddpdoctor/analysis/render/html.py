@@ -15,7 +15,7 @@ from typing import Optional
 from ddpdoctor.analysis.render import svg
 from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
 from ddpdoctor.analysis.render.source import display_path, snippet, underline
-from ddpdoctor.analysis.render.terminal import consequence_of, verdict
+from ddpdoctor.analysis.render.terminal import consequence_of, duration_text, stop_words, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
 __all__ = ["render_html"]
@@ -96,7 +96,7 @@ def _code(location: Optional[dict], sources: dict, *, function: Optional[str] = 
     return '<pre class="code">' + "\n".join(lines) + "</pre>"
 
 
-def _ranks_grid(states: dict, sources: dict) -> str:
+def _ranks_grid(states: dict, sources: dict, when: str) -> str:
     if not isinstance(states, dict) or not states or not all(isinstance(s, dict) and "state" in s
                                                              for s in states.values()):
         return ""
@@ -121,7 +121,7 @@ def _ranks_grid(states: dict, sources: dict) -> str:
         cells.append(f'<div class="rankcell"><div class="who">{escape(ranks_text(ranks))}: {escape(what)}</div>'
                      f'<div class="muted">{escape(" · ".join(facts))}</div>'
                      f'{_code(where, sources, function=where.get("function")) if where else ""}</div>')
-    return '<div class="muted">where each rank was when the job was stopped:</div><div class="ranks">' + \
+    return f'<div class="muted">where each rank was {escape(when)}:</div><div class="ranks">' + \
         "".join(cells) + "</div>"
 
 
@@ -146,7 +146,7 @@ def _evidence(evidence: dict) -> str:
     return f'<table class="evidence">{body}</table>'
 
 
-def _finding(finding: dict, sources: dict) -> str:
+def _finding(finding: dict, sources: dict, *, when: str = "when the job was stopped") -> str:
     severity = finding["severity"]
     evidence = finding.get("evidence") or {}
     parts = [f'<div class="finding {escape(severity)}"><h3><span class="sev {escape(severity)}">'
@@ -155,7 +155,7 @@ def _finding(finding: dict, sources: dict) -> str:
              _code(finding.get("location"), sources)]
     if finding.get("ranks"):
         parts.append(f'<div class="muted">on {escape(ranks_text(finding["ranks"]))}</div>')
-    parts += [_ranks_grid(evidence.get("ranks"), sources), _calls_grid(evidence.get("calls"), sources),
+    parts += [_ranks_grid(evidence.get("ranks"), sources, when), _calls_grid(evidence.get("calls"), sources),
               _evidence(evidence)]
     for consequence in finding.get("consequences", []):
         at = f" at {display_path(consequence['location']['file'])}:{consequence['location']['line']}" \
@@ -238,14 +238,15 @@ def render_html(report: Report, *, fail_on: str = "warning") -> str:
     script = data["script"] or "reference job"
     meta = (f"{escape(display_path(script) if data['script'] else script)} on {data['world_size']} ranks ({nodes}, "
             f"{escape(data['backend'])}, {escape(data['device'])}) · outcome <b>{escape(data['outcome'])}</b> · "
-            f"{data['duration_s']:.1f} s · ddpdoctor {escape(data['version'])}")
+            f"{escape(duration_text(data['duration_s'], post_mortem=bool(data.get('post_mortem'))))} · "
+            f"ddpdoctor {escape(data['version'])}")
     simulation = device_simulation_line(report.device_simulation)
     body = [f'<div class="verdict {"bad" if bad else "good"}"><h1>{escape(verdict(report, fail_on))}</h1>'
             f'<div class="meta">{meta}</div>'
             + (f'<div class="meta">{escape(simulation)}</div>' if simulation else "") + "</div>"]
     if data["findings"]:
         body.append("<h2>Findings</h2>")
-        body += [_finding(f, sources) for f in data["findings"]]
+        body += [_finding(f, sources, when=stop_words(bool(data.get("post_mortem")))) for f in data["findings"]]
     body.append(_timeline_section(data.get("timeline"), post_mortem=bool(data.get("post_mortem"))))
     body += ["<h2>Checks</h2>", _checks(data["checks"], data["findings"])]
     if data.get("collective_benchmark") and data["collective_benchmark"].get("rows"):

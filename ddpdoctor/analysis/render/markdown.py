@@ -6,7 +6,7 @@ from __future__ import annotations
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.render.source import snippet, underline
-from ddpdoctor.analysis.render.terminal import consequence_of, verdict
+from ddpdoctor.analysis.render.terminal import consequence_of, duration_text, verdict
 from ddpdoctor.analysis.report import Report, device_simulation_line
 
 __all__ = ["render_markdown"]
@@ -72,7 +72,8 @@ def render_markdown(report: Report, *, fail_on: str = "warning") -> str:
     icon = "❌" if report.exit_code(fail_on) else "✅"
     lines = [f"## {icon} ddpdoctor {verdict(report, fail_on)}", "",
              f"`{report.script or 'reference job'}` on {report.world_size} ranks ({nodes}, {report.backend}, "
-             f"{report.device}), outcome **{report.outcome}**, {report.duration_s:.1f}s, ddpdoctor {report.version}",
+             f"{report.device}), outcome **{report.outcome}**, "
+             f"{duration_text(report.duration_s, post_mortem=bool(report.post_mortem))}, ddpdoctor {report.version}",
              ""]
     simulation = device_simulation_line(report.device_simulation)
     if simulation:

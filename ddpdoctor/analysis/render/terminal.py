@@ -106,7 +106,8 @@ def _side_by_side(cells: list[Text], width: int) -> RenderableType:
     return Group(*[Padding(c, (0, 0, 1 if i < len(cells) - 1 else 0, 0)) for i, c in enumerate(cells)])
 
 
-def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int) -> Optional[RenderableType]:
+def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int,
+                when: str = "when the job was stopped") -> Optional[RenderableType]:
     """Every rank's place when the job stopped, ranks in the same place and state grouped, side by side."""
     if not isinstance(states, dict) or not states or not all(isinstance(s, dict) and "state" in s
                                                              for s in states.values()):
@@ -120,7 +121,7 @@ def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int) -> Opti
         groups.setdefault(key, []).append(int(rank))
         first.setdefault(key, state)
     cells = [_rank_cell(ranks, first[key], sources, plain=plain) for key, ranks in groups.items()]
-    return Group(Text("where each rank was when the job was stopped:", style="bold"), _side_by_side(cells, width))
+    return Group(Text(f"where each rank was {when}:", style="bold"), _side_by_side(cells, width))
 
 
 def _calls_view(calls: dict, sources: dict, *, plain: bool, width: int) -> Optional[RenderableType]:
@@ -179,7 +180,8 @@ def _consequence(consequence: dict, *, plain: bool) -> Text:
     return line
 
 
-def finding_body(finding: dict, *, sources: dict, plain: bool, width: int) -> list[RenderableType]:
+def finding_body(finding: dict, *, sources: dict, plain: bool, width: int,
+                 when: str = "when the job was stopped") -> list[RenderableType]:
     """The parts of one finding, top to bottom: sentence, code, ranks, evidence, consequences, fix."""
     body: list[RenderableType] = [Text(finding["message"])]
     evidence = finding.get("evidence") or {}
@@ -188,7 +190,7 @@ def finding_body(finding: dict, *, sources: dict, plain: bool, width: int) -> li
         body.append(code)
     if finding.get("ranks"):
         body.append(Text(f"on {ranks_text(finding['ranks'])}", style="dim"))
-    for view in (_ranks_view(evidence.get("ranks"), sources, plain=plain, width=width),
+    for view in (_ranks_view(evidence.get("ranks"), sources, plain=plain, width=width, when=when),
                  _calls_view(evidence.get("calls"), sources, plain=plain, width=width),
                  _timeline_table(evidence.get("timeline") or {}, evidence.get("first_divergence"))):
         if view is not None:
@@ -203,9 +205,10 @@ def finding_body(finding: dict, *, sources: dict, plain: bool, width: int) -> li
     return body
 
 
-def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Optional[dict] = None) -> None:
+def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Optional[dict] = None,
+                    when: str = "when the job was stopped") -> None:
     width = max(60, console.width - 8)
-    body = finding_body(finding, sources=sources or {}, plain=plain, width=width)
+    body = finding_body(finding, sources=sources or {}, plain=plain, width=width, when=when)
     severity = finding["severity"]
     title = f"{severity.upper()} {finding['check']}"
     if plain:  # CI logs: sentences never cut (the log wraps them), tables and columns fit the width
@@ -316,12 +319,13 @@ def _render_interruption(console: Console, interruption: dict, sources: dict, *,
 
 def render(console: Console, report: Report, *, plain: bool, fail_on: str = "warning") -> None:
     data = report.to_json()
+    post_mortem = bool(data.get("post_mortem"))
     console.print()
     nodes = f"{data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}"
     script = display_path(data["script"]) if data["script"] else "reference job"
     console.print(Text(f"ddpdoctor {data['version']}: {script} on "
                        f"{data['world_size']} ranks ({nodes}, {data['backend']}, {data['device']}), outcome "
-                       f"{data['outcome']}, {data['duration_s']:.1f}s", style="bold"))
+                       f"{data['outcome']}, {duration_text(data['duration_s'], post_mortem=post_mortem)}", style="bold"))
     if data.get("framework"):
         framework = data["framework"]
         console.print(Text(f"framework: {framework['title']} {framework.get('version') or ''}".rstrip()
@@ -360,7 +364,7 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     if data.get("interruption"):
         _render_interruption(console, data["interruption"], sources, plain=plain)
     for finding in data["findings"]:
-        _render_finding(console, finding, plain=plain, sources=sources)
+        _render_finding(console, finding, plain=plain, sources=sources, when=stop_words(post_mortem))
     for entry in data.get("suppressed", []):
         finding = entry["finding"]
         where = f" at {_location_text(finding['location'])}" if finding.get("location") else ""
@@ -381,6 +385,17 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     console.print(Text(verdict(report, fail_on), style="bold"))
 
 
+def duration_text(seconds: float, *, post_mortem: bool = False) -> str:
+    """The run's wall time. A post-mortem knows none (only what the job's files say): then the
+    time ddpdoctor took to read them, said as such."""
+    return f"post-mortem, its files read in {seconds:.1f}s" if post_mortem else f"{seconds:.1f}s"
+
+
+def stop_words(post_mortem: bool) -> str:
+    """When the ranks' places were taken: ddpdoctor stopped a live job; a post-mortem has the dumps."""
+    return "when its flight recorder dump was written" if post_mortem else "when the job was stopped"
+
+
 def verdict(report: Report, fail_on: str = "warning") -> str:
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in ("error", "warning", "info")}
     tally = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
@@ -399,4 +414,5 @@ def verdict(report: Report, fail_on: str = "warning") -> str:
     return f"verdict: OK: every check passed or had nothing to check{suffix}"
 
 
-__all__ = ["render", "render_finding", "finding_body", "code_block", "verdict", "consequence_of"]
+__all__ = ["render", "render_finding", "finding_body", "code_block", "verdict", "consequence_of", "duration_text",
+           "stop_words"]
