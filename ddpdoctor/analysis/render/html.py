@@ -238,7 +238,7 @@ def render_html(report: Report, *, fail_on: str = "warning") -> str:
     script = data["script"] or "reference job"
     meta = (f"{escape(display_path(script) if data['script'] else script)} on {data['world_size']} ranks ({nodes}, "
             f"{escape(data['backend'])}, {escape(data['device'])}) · outcome <b>{escape(data['outcome'])}</b> · "
-            f"{escape(duration_text(data['duration_s'], post_mortem=bool(data.get('post_mortem'))))} · "
+            f"{escape(duration_text(data['duration_s'], post_mortem=bool(data.get('post_mortem')), unit=' s'))} · "
             f"ddpdoctor {escape(data['version'])}")
     simulation = device_simulation_line(report.device_simulation)
     body = [f'<div class="verdict {"bad" if bad else "good"}"><h1>{escape(verdict(report, fail_on))}</h1>'

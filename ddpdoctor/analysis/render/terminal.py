@@ -385,10 +385,10 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     console.print(Text(verdict(report, fail_on), style="bold"))
 
 
-def duration_text(seconds: float, *, post_mortem: bool = False) -> str:
+def duration_text(seconds: float, *, post_mortem: bool = False, unit: str = "s") -> str:
     """The run's wall time. A post-mortem knows none (only what the job's files say): then the
     time ddpdoctor took to read them, said as such."""
-    return f"post-mortem, its files read in {seconds:.1f}s" if post_mortem else f"{seconds:.1f}s"
+    return f"post-mortem, its files read in {seconds:.1f}{unit}" if post_mortem else f"{seconds:.1f}{unit}"
 
 
 def stop_words(post_mortem: bool) -> str:
