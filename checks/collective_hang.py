@@ -90,7 +90,7 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
             "waiting_in": state.waiting_in,
             "activity": beat.activity if beat else None,
             "stalled_s": state.stalled_s,
-            "steps": beat.steps if beat else None,
+            "steps": beat.steps if beat and evidence.counts_steps else None,  # a dump's heartbeat counts none
             "last_collective": last,
             "where": user[-1] if user else None,
             "stack": [f"{f['file']}:{f['line']} in {f['function']}" for f in state.stack[-8:]],

@@ -358,3 +358,4 @@ def test_error_files_hold_no_step_so_the_report_names_none(tmp_path):
 def test_a_post_mortem_says_the_dumps_not_ddpdoctor_stopped_the_ranks():
     finding = _root(DATA / "stuck")
     assert "when the ranks dumped" in finding.message and "the job was stopped" not in finding.message
+    assert {rank: state["steps"] for rank, state in finding.evidence["ranks"].items()} == {"0": None, "1": None}
