@@ -7,7 +7,7 @@ from typing import Optional
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import ConfigDivergence
-from ddpdoctor.schema.events import ConfigState, ModeChange, ParamGroupsWrite, Step
+from ddpdoctor.schema.events import ConfigState, ModeChange, OptimizerInfo, ParamGroupsWrite, Step
 from ddpdoctor.schema.sampling import describe
 
 from ._common import fmt_ranks, short_site
@@ -57,6 +57,12 @@ for epoch in range(epochs):
 Call `model.train()` at the start of every epoch on every rank; step schedulers and change
 hyperparameters on every rank (`if rank == 0:` only around logging); freeze and unfreeze on
 every rank; use the same autocast and GradScaler settings everywhere.
+
+A resume that restores the optimizer's state on some ranks only (`if rank == 0:
+optimizer.load_state_dict(...)`) is the same fault one level down: rank 0's Adam continues with its
+moments and step count while the others start from nothing, so their updates differ from the
+first step. It is reported at the `load_state_dict` line, with each rank's state (ranks that got
+the same state another way, or a sharded optimizer's ranks, are not compared this way).
 """
 
 SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "MultiheadAttention", "Transformer")
@@ -208,6 +214,10 @@ def _write_site(evidence: Evidence, groups: list[list[int]], opt: int, key: str,
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
+    restored = _state_restored_on_some_ranks(evidence)
+    if restored is not None:  # the settings that differ too (a `fused` flag the checkpoint brought) follow from it
+        return CheckResult(findings=[restored], summary=f"an optimizer's state was restored on "
+                                                        f"{_ranks(restored.evidence['restored_on'])} only")
     div, num_compared = evidence.facts.config_divergence
     if num_compared == 0:
         return CheckResult(summary="no optimizer step of a DDP model was seen on two ranks", applicable=False)
@@ -219,6 +229,49 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[_finding(evidence, div)],
                        summary=f"ranks train with different settings from step {div.step} "
                                f"({_ranks([r for g in div.groups for r in g])}){sampled}")
+
+
+def _state_text(info: OptimizerInfo) -> str:
+    if not info.state_entries:
+        return "an empty state: step 0, no moments"
+    step = f"at step {info.state_step:g}" if info.state_step is not None else "with its buffers"
+    return f"{info.type_name} {step}, state for {info.state_entries} parameters"
+
+
+def _state_restored_on_some_ranks(evidence: Evidence) -> Optional[Finding]:
+    """A resume that restored an optimizer's state (`load_state_dict`) on some ranks only, leaving the
+    ranks' states different at its first step: the same averaged gradients then move the replicas by
+    different amounts (Adam's moments and step count, SGD's momentum)."""
+    first: dict[int, dict[int, OptimizerInfo]] = {}
+    for rank in sorted(evidence.ranks):
+        for info in evidence.ranks[rank].of(OptimizerInfo):
+            first.setdefault(info.opt, {}).setdefault(rank, info)
+    for opt, infos in sorted(first.items()):
+        if len(infos) < 2:
+            continue
+        restored = sorted(r for r, i in infos.items() if i.loaded_at)
+        if not restored or len(restored) == len(infos):
+            continue
+        if len({(i.state_entries, i.state_step) for i in infos.values()}) < 2:
+            continue  # the others got the same state another way (broadcast by hand)
+        fresh = sorted(r for r in infos if r not in restored)
+        loader = infos[restored[0]]
+        location = Location.from_site(loader.loaded_at)
+        built = Location.from_site(loader.built_at or loader.site)
+        name = f"the {loader.type_name} built at {short_site(built)}" if built else f"optimizer {opt} ({loader.type_name})"
+        message = (f"{name} starts from different states on different ranks: "
+                   f"{_ranks(restored)} restored it with `load_state_dict` at {short_site(location)} "
+                   f"({_state_text(loader)}), {_ranks(fresh)} did not ({_state_text(infos[fresh[0]])}), so the same "
+                   f"averaged gradients move the replicas by different amounts from the first step")
+        fix = ("Restore the optimizer's state on every rank: call `optimizer.load_state_dict(checkpoint[...])` outside "
+               "any `if rank == 0:` (each rank reads the checkpoint, with `map_location` to its own device), as the "
+               "model's weights are.")
+        return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(sorted(infos)),
+                       location=location,
+                       evidence={"what": "optimizer state", "optimizer": opt, "step": 1, "restored_on": restored,
+                                 "not_restored_on": fresh, "restored_at": location.to_json() if location else None,
+                                 "state": {str(r): _state_text(i) for r, i in sorted(infos.items())}})
+    return None
 
 
 def _finding(evidence: Evidence, div: ConfigDivergence) -> Finding:

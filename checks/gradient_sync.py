@@ -10,7 +10,7 @@ from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import Divergence
 from ddpdoctor.schema.events import (CommHook, DDPBypass, DDPRewrap, DeviceSimulation, InitProcessGroup,
-                                     ModuleConversion, Step)
+                                     ModuleConversion, Step, Unfrozen)
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.sampling import describe
 
@@ -69,12 +69,15 @@ identically on every rank.
 
 
 def _param_name(evidence: Evidence, rank: int, opt: int, index: int, n: Optional[int] = None
-                ) -> tuple[str, bool, Optional[int]]:
+                ) -> tuple[str, bool, Optional[int], Optional[int]]:
+    """(name, inside a DDP module, that module's index, the DDP module that holds it frozen since its
+    construction) of an optimizer's parameter."""
     info = evidence.facts.optimizer_info(rank, opt, n)
     if info is not None and index < len(info.names):
         ddp_of = info.ddp_of[index] if index < len(info.ddp_of) else None
-        return info.names[index], bool(info.in_ddp[index]), ddp_of
-    return f"param{index}", False, None
+        frozen_in = info.frozen_in[index] if index < len(info.frozen_in) else None
+        return info.names[index], bool(info.in_ddp[index]), ddp_of, frozen_in
+    return f"param{index}", False, None, None
 
 
 def _optimizer_site(evidence: Evidence, rank: int, opt: int) -> Optional[Location]:
@@ -223,6 +226,28 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
                  extra=extra)
 
 
+def _frozen_case(evidence: Evidence, div: Divergence, ddp_index: int) -> _Case:
+    """A parameter of a wrapped module that was frozen when DDP was built and trains now: DDP's
+    reducer only took the parameters that required grad at construction."""
+    ranks = sorted(div.events)
+    wrap_at = _wrap_site(evidence, ddp_index)
+    unfreezes = sorted((e for r in ranks for e in evidence.ranks[r].of(Unfrozen) if e.ddp == ddp_index),
+                       key=lambda e: e.t)
+    unfrozen_at = Location.from_site(unfreezes[0].site) if unfreezes else None
+    how = (f" and made trainable later (`{unfreezes[0].call}` at {short_site(unfrozen_at)})" if unfreezes
+           else " and made trainable later")
+    why = (f"it was frozen (requires_grad=False) when DistributedDataParallel was built (at {short_site(wrap_at)}){how}: "
+           f"DDP's reducer only takes the parameters that require grad at construction, so this one's gradients are "
+           f"never averaged across ranks")
+    fix = ("Freeze after wrapping: build DDP over the whole model with `find_unused_parameters=True` (frozen "
+           "parameters get no gradient), then set requires_grad=False on what must not train yet; or build a new "
+           "DistributedDataParallel after unfreezing.")
+    return _Case("frozen-at-wrap", why, fix, unfrozen_at or wrap_at,
+                 {"wrapped_at": wrap_at.to_json() if wrap_at else None,
+                  "unfrozen_at": unfrozen_at.to_json() if unfrozen_at else None,
+                  "unfrozen_by": unfreezes[0].call if unfreezes else None})
+
+
 def _allreduce_case(evidence: Evidence, ranks: list[int], ddp_index: Optional[int]) -> _Case:
     hooks = [e for r in ranks for e in evidence.ranks[r].of(CommHook) if e.ddp in (ddp_index, None)]
     if hooks:
@@ -292,7 +317,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                                                               "(harmless only under the CUDA simulation)")
         return CheckResult(summary=f"replicas identical after {num_compared} compared steps{sampled}")
     rank0 = div.groups[0][0]
-    name, in_ddp, ddp_index = _param_name(evidence, rank0, div.optimizer, div.index, div.step)
+    name, in_ddp, ddp_index, frozen_in = _param_name(evidence, rank0, div.optimizer, div.index, div.step)
     odd = [r for g in div.groups[1:] for r in g]
     ranks = sorted(r for g in div.groups for r in g)
     diffs = [d for d in (relative_difference(div.values[rank0], div.values[r]) for r in odd) if d is not None]
@@ -310,7 +335,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     }
     location = _optimizer_site(evidence, rank0, div.optimizer)
     if div.kind == "grads":
-        found = _grad_case(evidence, div, in_ddp, ddp_index)
+        found = _frozen_case(evidence, div, frozen_in) if frozen_in is not None else None
+        found = found or _grad_case(evidence, div, in_ddp, ddp_index)
         case, fix = found.case, found.fix
         location = found.location or location
         evidence_out.update(found.extra)

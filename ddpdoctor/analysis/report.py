@@ -205,6 +205,7 @@ class Report:
             launcher_log_path=(data.get("launcher_log") or {}).get("path"),
             framework=data.get("framework"),
             post_mortem=data.get("post_mortem"),
+            unchecked=data.get("unchecked"),
         )
 
 

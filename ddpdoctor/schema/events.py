@@ -25,7 +25,7 @@ __all__ = [
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
     "ContentPass",
     "ConfigState", "ModeChange", "ParamGroupsWrite", "ModuleConversion", "DDPRewrap", "DDPBypass", "CommHook",
-    "ContentPass", "InternalCollectives", "INTERNAL_PHASES", "UnchangedWeights",
+    "ContentPass", "InternalCollectives", "INTERNAL_PHASES", "UnchangedWeights", "Unfrozen",
 ]
 
 SCHEMA_VERSION = 4  # 3: step fingerprints as encoded strings; 4: collectives numbered by the process group
@@ -205,6 +205,9 @@ class DDPWrap(Event):
     site: Site = field(default_factory=list)
     framework: Optional[str] = None  # who built this DDP: "accelerate", "lightning" (Trainer), "fabric"
     framework_version: Optional[str] = None
+    # Parameters of the wrapped module that did not require grad when DDP was built: DDP's reducer
+    # never takes them, so if they are unfrozen later their gradients are never averaged.
+    frozen: list = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -235,6 +238,15 @@ class OptimizerInfo(Event):
     n: int = 1
     group_sizes: list = field(default_factory=list)
     dtypes: list = field(default_factory=list)  # per parameter, "torch.float32"...
+    # Per parameter: the DDP module whose wrapped module holds it although DDP does not (it was frozen
+    # when DDP was built), else None. Empty in evidence of earlier builds.
+    frozen_in: list = field(default_factory=list)
+    # Its state before its first step: where `load_state_dict` restored it (empty: never), how many
+    # parameters had state, and the largest step count in it (None: no step counter, or no state).
+    # Ranks that resume must all restore it, or their updates differ from the first step.
+    loaded_at: Site = field(default_factory=list)
+    state_entries: int = 0
+    state_step: Optional[float] = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -654,6 +666,18 @@ class DDPBypass(Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class Unfrozen(Event):
+    """Parameters that were frozen when DDP module ``ddp`` was built, made trainable again:
+    ``call`` is how ("requires_grad_", "add_param_group"), once per call site."""
+
+    kind: ClassVar[str] = "unfrozen"
+    ddp: int = 0
+    names: list = field(default_factory=list)
+    call: str = ""
+    site: Site = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
 class CommHook(Event):
     """A communication hook registered on a DDP module (``register_comm_hook``)."""
 
@@ -673,7 +697,7 @@ EVENT_KINDS: dict[str, type[Event]] = {
                 Load, DistributedCheckpoint,
                 RankEnvironment, RankDevices, CollectiveBenchmark,
                 ContentPass,
-                ConfigState, ModeChange, ParamGroupsWrite, ModuleConversion, DDPRewrap, DDPBypass, CommHook)
+                ConfigState, ModeChange, ParamGroupsWrite, ModuleConversion, DDPRewrap, DDPBypass, Unfrozen, CommHook)
 }
 
 

@@ -141,3 +141,43 @@ def test_a_divergence_before_the_settings_differ_is_its_own_root():
     })
     findings = [*config_sync.analyze(evidence).findings, *gradient_sync.analyze(evidence).findings]
     assert sorted(f.check for f in causality.link(findings)) == ["config-sync", "gradient-sync"]
+
+
+# -- an optimizer's state restored on some ranks only ------------------------------------------------
+
+def _resumed(*, loaded: bool, entries: int, state_step):
+    info = optimizer(built_line=28, type_name="AdamW")
+    info.loaded_at = [{"file": SCRIPT, "line": 42, "function": "main"}] if loaded else []
+    info.state_entries, info.state_step = entries, state_step
+    return info
+
+
+def test_optimizer_state_restored_on_rank_0_only_is_the_root_at_the_load_line():
+    evidence = make_evidence(2, merge(on_all(2, ddp_wrap()), {
+        0: [_resumed(loaded=True, entries=2, state_step=8.0), config_state(1, "A"), *steps(["A", "A"])],
+        1: [_resumed(loaded=False, entries=0, state_step=None), config_state(1, "B"), *steps(["B", "B"])],
+    }))
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "error" and finding.location == Location(SCRIPT, 42)
+    assert finding.evidence["restored_on"] == [0] and finding.evidence["not_restored_on"] == [1]
+    assert "the AdamW built at train.py:28 starts from different states on different ranks" in finding.message
+    assert "rank 0 restored it with `load_state_dict` at train.py:42 (AdamW at step 8, state for 2 parameters)" \
+        in finding.message
+    assert "rank 1 did not (an empty state: step 0, no moments)" in finding.message
+    # The replicas' divergence that follows is its consequence.
+    drift = gradient_sync.analyze(make_evidence(2, merge(on_all(2, ddp_wrap(), optimizer()), {
+        0: [step(1, fp(1.0, 2.0), fp(5.0, 6.0))], 1: [step(1, fp(1.0, 2.0), fp(5.5, 6.0))]}))).findings
+    (root,) = causality.link([finding, *drift])
+    assert root.check == "config-sync" and [c.check for c in root.consequences] == ["gradient-sync"]
+
+
+def test_every_rank_restoring_the_state_or_none_restoring_it_is_fine():
+    same = [_resumed(loaded=True, entries=2, state_step=8.0), config_state(1, "A"), *steps(["A"])]
+    assert analyze(run(2, {0: same, 1: same})).findings == []
+    # The others got the same state another way (broadcast by hand): nothing differs.
+    other = [_resumed(loaded=False, entries=2, state_step=8.0), config_state(1, "A"), *steps(["A"])]
+    assert analyze(run(2, {0: same, 1: other})).findings == []
+    # A sharded optimizer's ranks hold different states without any load: not compared.
+    shard0 = [_resumed(loaded=False, entries=1, state_step=3.0), config_state(1, "A"), *steps(["A"])]
+    shard1 = [_resumed(loaded=False, entries=2, state_step=3.0), config_state(1, "A"), *steps(["A"])]
+    assert analyze(run(2, {0: shard0, 1: shard1})).findings == []

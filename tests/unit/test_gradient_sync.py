@@ -408,3 +408,24 @@ def test_steps_without_fingerprints_are_skipped():
 def test_check_object():
     assert gradient_sync.CHECK.id == "gradient-sync"
     assert gradient_sync.CHECK.analyze is analyze
+
+
+def test_a_parameter_frozen_when_ddp_was_built_and_unfrozen_later_names_both_lines():
+    from ddpdoctor.schema.events import Unfrozen
+
+    info = optimizer(NAMES, in_ddp=[True, False])
+    info.frozen_in = [None, 0]
+    unfreeze = Unfrozen(ddp=0, names=["fc.bias"], call="requires_grad_",
+                        site=[{"file": SCRIPT, "line": 55, "function": "main"}])
+    result = run(2, [ddp_wrap(["fc.weight"], line=40), info, unfreeze], {
+        0: [step(1, fp(1.0, 2.0))],
+        1: [step(1, fp(1.0, 2.5))],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "frozen-at-wrap"
+    assert finding.evidence["parameter"] == "fc.bias"
+    assert "frozen (requires_grad=False) when DistributedDataParallel was built (at train.py:40)" in finding.message
+    assert "made trainable later (`requires_grad_` at train.py:55)" in finding.message
+    assert finding.location == Location(SCRIPT, 55)
+    assert finding.evidence["wrapped_at"]["line"] == 40
+    assert "Freeze after wrapping" in finding.fix

@@ -97,6 +97,8 @@ BEFORE_FORWARD: list[Callable[[DistributedDataParallel, DDPState, tuple, dict], 
 AFTER_FORWARD: list[Callable[[DistributedDataParallel, DDPState, Any], None]] = []
 PARAM_NAMES: dict[int, str] = {}  # id(parameter) -> name inside its DDP module
 PARAM_DDP: dict[int, int] = {}  # id(parameter) -> index of its DDP module
+# id(parameter) -> (DDP index, name): in a wrapped module, but frozen when DDP was built, so not DDP's
+FROZEN_AT_WRAP: dict[int, tuple[int, str]] = {}
 
 
 def total_synced_forwards() -> int:
@@ -212,7 +214,12 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
     for i, (name, p) in enumerate(named):
         PARAM_NAMES[id(p)] = name if state.index == 0 else f"ddp{state.index}:{name}"
         PARAM_DDP[id(p)] = state.index
+        FROZEN_AT_WRAP.pop(id(p), None)
         p.register_post_accumulate_grad_hook(functools.partial(_grad_arrived, rec, state, i))
+    frozen = [(n, p) for n, p in ddp.module.named_parameters() if not p.requires_grad]
+    for name, p in frozen:
+        if id(p) not in PARAM_DDP:
+            FROZEN_AT_WRAP[id(p)] = (state.index, name if state.index == 0 else f"ddp{state.index}:{name}")
 
     def on_inner_forward(module, inputs, kwargs):
         if not torch.is_grad_enabled():
@@ -237,7 +244,7 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         broadcast_buffers=bool(getattr(ddp, "broadcast_buffers", True)),
         sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
         device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3),
-        framework=framework, framework_version=framework_version))
+        framework=framework, framework_version=framework_version, frozen=[n for n, _ in frozen]))
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:

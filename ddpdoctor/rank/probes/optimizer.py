@@ -38,12 +38,15 @@ from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes import wrapping
+from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder, StepTiming
 from ddpdoctor.schema.events import ConfigState, OptimizerInfo, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
 
 PROBE = "optimizer"
+LOADED_AT: SideTable[list] = SideTable()  # optimizer -> the user's line that restored its state before its first step
 EXAMINE_UNCHANGED = 8  # measurements of one unchanged weight per run: enough for the check's 5-step streak
 
 
@@ -168,6 +171,19 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     handles = [register_optimizer_step_pre_hook(pre_hook), register_optimizer_step_post_hook(post_hook)]
 
+    def wrap_load_state_dict(original):
+        def load_state_dict(self, state_dict):
+            result = original(self, state_dict)
+            with rec.guard(PROBE, "Optimizer.load_state_dict"):
+                site = callsite.user_frames(sys._getframe(1), 2)
+                if site and states.get(self) is None:  # restored before its first step: a resume
+                    LOADED_AT.set(self, site)
+            return result
+
+        return load_state_dict
+
+    patch(rec, PROBE, torch.optim.Optimizer, "load_state_dict", wrap_load_state_dict)
+
     def remove() -> None:
         for handle in handles:
             handle.remove()
@@ -190,15 +206,32 @@ def _describe(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Opti
     names = [ddp_probe.PARAM_NAMES.get(id(p)) for p in params]
     ddp_of = [ddp_probe.PARAM_DDP.get(id(p)) for p in params]
     in_ddp = [n is not None for n in names]
-    if not all(in_ddp):
-        fallback = _names_from_live_modules({id(p) for p, ok in zip(params, in_ddp) if not ok})
+    frozen = [ddp_probe.FROZEN_AT_WRAP.get(id(p)) if not inside else None for p, inside in zip(params, in_ddp)]
+    names = [n if n is not None or f is None else f[1] for n, f in zip(names, frozen)]
+    if not all(n is not None for n in names):
+        fallback = _names_from_live_modules({id(p) for p, n in zip(params, names) if n is None})
         names = [n if n is not None else fallback.get(id(p), f"param{i}") for i, (n, p) in enumerate(zip(names, params))]
     state.structure = tuple(len(g["params"]) for g in optimizer.param_groups)
     state.owned_ddp = {d for d in ddp_of if d is not None}
+    entries, step = _state_summary(optimizer) if state.num_steps <= 1 else (0, None)
     rec.emit(OptimizerInfo(opt=state.index, type_name=type(optimizer).__name__, names=names, in_ddp=in_ddp,
                            ddp_of=ddp_of, shapes=[list(p.shape) for p in params], site=site,
                            built_at=config_probe.built_site(optimizer), n=max(1, state.num_steps),
-                           group_sizes=list(state.structure), dtypes=[str(p.dtype) for p in params]))
+                           group_sizes=list(state.structure), dtypes=[str(p.dtype) for p in params],
+                           frozen_in=[f[0] if f is not None else None for f in frozen] if any(frozen) else [],
+                           loaded_at=LOADED_AT.get(optimizer) or [], state_entries=entries, state_step=step))
+
+
+def _state_summary(optimizer: torch.optim.Optimizer) -> tuple[int, Optional[float]]:
+    """(parameters with state, the largest step count in it) before the optimizer's first step: what a
+    resume restored. Read once per optimizer (a step counter on a GPU costs one small copy)."""
+    state = getattr(optimizer, "state", None)
+    if not isinstance(state, dict) or not state:
+        return 0, None
+    steps = [entry.get("step") for entry in state.values() if isinstance(entry, dict) and "step" in entry]
+    values = [float(s.item()) if isinstance(s, torch.Tensor) else float(s) for s in steps
+              if isinstance(s, (int, float, torch.Tensor)) and (not isinstance(s, torch.Tensor) or s.numel() == 1)]
+    return len(state), (max(values) if values else None)
 
 
 def _watch_param_groups(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer) -> None:

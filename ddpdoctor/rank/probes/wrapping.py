@@ -8,6 +8,8 @@ of a divergence, and the gradients as DDP's all-reduce left them.
   its parameters get new storage while DDP's hooks and buckets keep the old. Under the CUDA
   simulation a device move changes nothing on the CPU, so the call itself is recorded;
 - communication hooks (``register_comm_hook``);
+- parameters frozen when DDP was built made trainable again (``Module.requires_grad_(True)``,
+  ``Optimizer.add_param_group``, ``Unfrozen``): DDP's reducer never took them;
 - on sampled iterations, the fingerprints of the gradients at the end of DDP's backward, after its
   all-reduce finished and before any user code ran: an autograd callback queued from a hook on the
   forward's output queues a second one, which runs after the callback DDP queues to finish its
@@ -37,7 +39,7 @@ from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes import module_calls
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.events import CommHook, DDPBypass, DDPRewrap, ModuleConversion
+from ddpdoctor.schema.events import CommHook, DDPBypass, DDPRewrap, ModuleConversion, Unfrozen
 
 PROBE = "wrapping"
 CONVERSIONS = frozenset({"to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type", "xpu", "mtia", "ipu"})
@@ -71,6 +73,8 @@ NEXT_SAMPLED: dict[int, bool] = {}  # DDP index -> whether its optimizers' next 
 OWNER_STEPS: dict[int, int] = {}  # DDP index -> steps of optimizers owning it so far
 OWNED: set[int] = set()  # DDP modules an optimizer stepped (the others are snapshot once, not every iteration)
 CONVERSION_SITES: set = set()  # (DDP index, method, call site) already recorded
+UNFREEZE_SITES: set = set()  # (DDP index, call, call site) already recorded
+MAX_UNFROZEN_NAMES = 32
 
 
 class _Depth:
@@ -125,6 +129,30 @@ def install(rec: Recorder) -> Callable[[], None]:
 
     patch(rec, PROBE, DistributedDataParallel, "register_comm_hook", wrap_register_comm_hook)
 
+    def wrap_requires_grad(original):
+        def requires_grad_(self, requires_grad=True):
+            result = original(self, requires_grad)
+            if requires_grad and ddp_probe.FROZEN_AT_WRAP:
+                with rec.guard(PROBE, "Module.requires_grad_"):
+                    _unfrozen(rec, "requires_grad_", self.parameters(), sys._getframe(1))
+            return result
+
+        return requires_grad_
+
+    def wrap_add_param_group(original):
+        def add_param_group(self, param_group):
+            result = original(self, param_group)
+            caller = sys._getframe(1)
+            if ddp_probe.FROZEN_AT_WRAP and not (caller.f_code.co_name == "__init__" and caller.f_locals.get("self") is self):
+                with rec.guard(PROBE, "Optimizer.add_param_group"):
+                    _unfrozen(rec, "add_param_group", self.param_groups[-1]["params"], caller)
+            return result
+
+        return add_param_group
+
+    patch(rec, PROBE, torch.nn.Module, "requires_grad_", wrap_requires_grad)
+    patch(rec, PROBE, torch.optim.Optimizer, "add_param_group", wrap_add_param_group)
+
     def finish() -> None:
         for listeners, own in ((ddp_probe.ATTACH_LISTENERS, listener), (ddp_probe.BEFORE_FORWARD, before),
                                (ddp_probe.AFTER_FORWARD, after)):
@@ -175,6 +203,23 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel, state: "ddp_probe.DDPSt
                 _bypassed(rec, WRAPPED.get(first), sys._getframe(1))
 
         module_calls.watch(inner, inner_forward)
+
+
+def _unfrozen(rec: Recorder, call: str, params: Any, frame) -> None:
+    """Parameters frozen when their DDP module was built, made trainable again (or handed to an
+    optimizer): once per DDP module, call and call site."""
+    by_ddp: dict[int, list[str]] = {}
+    for p in params:
+        entry = ddp_probe.FROZEN_AT_WRAP.get(id(p))
+        if entry is not None and p.requires_grad:
+            by_ddp.setdefault(entry[0], []).append(entry[1])
+    site = callsite.user_frames(frame, 2)
+    for index, names in sorted(by_ddp.items()):
+        key = (index, call, tuple((s["file"], s["line"]) for s in site[:1]))
+        if key in UNFREEZE_SITES:
+            continue
+        UNFREEZE_SITES.add(key)
+        rec.emit(Unfrozen(ddp=index, names=names[:MAX_UNFROZEN_NAMES], call=call, site=site))
 
 
 def _bypassed(rec: Recorder, wrapped: Optional[_Wrapped], frame) -> None:
