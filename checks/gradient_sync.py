@@ -42,7 +42,8 @@ differ, the ranks, the size of the difference, and which case it is:
 
 Under the CUDA simulation of a CPU-only machine, moving the wrapped model to the CPU and back
 changes nothing, so the gradients still agree there; the round trip itself is reported as the
-GPU bug it is.
+GPU bug it is, when the model trains through the same wrapper after it (a model moved off the GPU
+once training ended and back for testing, as Lightning does between `fit` and `test`, is fine).
 
 ## Why it matters
 DDP is only data parallelism if every replica stays identical. Once they drift, each rank trains
@@ -282,11 +283,15 @@ def _round_trip(evidence: Evidence) -> Optional[Finding]:
     for rank in sorted(evidence.ranks):
         moves = sorted((e for e in evidence.ranks[rank].of(ModuleConversion) if e.device_move and not e.swapped),
                        key=lambda e: e.t)
-        off = next((e for e in moves if "cpu" in e.target), None)
-        back = next((e for e in moves if off is not None and e.t >= off.t and "cpu" not in e.target), None)
-        if off is not None and back is not None:
-            ranks.append(rank)
-            pair = pair or (off, back)
+        steps = list(evidence.ranks[rank].of(Step))
+        for off in (e for e in moves if "cpu" in e.target):
+            back = next((e for e in moves if e.t >= off.t and "cpu" not in e.target), None)
+            # Only training through the same wrapper after the move back breaks DDP: a model moved off the
+            # GPU when training ended and back for testing (Lightning's fit, then test) never trains again.
+            if back is not None and any(s.t > back.t and str(back.ddp) in s.forwards for s in steps):
+                ranks.append(rank)
+                pair = pair or (off, back)
+                break
     if pair is None:
         return None
     off, back = pair

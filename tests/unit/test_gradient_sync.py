@@ -326,13 +326,22 @@ def test_reduced_gradients_unknown_on_a_rank_keep_the_generic_case():
 def test_a_device_round_trip_under_the_cuda_simulation_is_the_gpu_bug_it_is():
     moves = [module_conversion("cpu", "cpu", swapped=False, device_move=True, line=36, t=1.0),
              module_conversion("cuda", "cuda", swapped=False, device_move=True, line=39, t=2.0)]
-    steps = [step(n, fp(1.0, 2.0)) for n in (1, 2)]
+    steps = [step(n, fp(1.0, 2.0), t=float(n + 1)) for n in (1, 2)]  # step 2 trains after the move back
     result = run(2, [DeviceSimulation(active=True), ddp_wrap(NAMES), optimizer(NAMES), *moves], {0: steps, 1: steps})
     finding = only_finding(result)
     assert finding.evidence["case"] == "device-round-trip"
     assert "`.cpu()` at train.py:36, then `.cuda()` at train.py:39" in finding.message
     assert "CUDA simulation" in finding.message
     assert finding.location == Location(SCRIPT, 36)
+
+
+def test_a_round_trip_after_training_ended_is_nothing():
+    """Lightning moves the model off the GPU when `fit` ends and back for `test`: no training follows."""
+    moves = [module_conversion("cpu", "cpu", swapped=False, device_move=True, line=36, t=5.0),
+             module_conversion("cuda", "cuda", swapped=False, device_move=True, line=39, t=6.0)]
+    steps = [step(n, fp(1.0, 2.0), t=float(n)) for n in (1, 2)]
+    assert run(2, [DeviceSimulation(active=True), ddp_wrap(NAMES), optimizer(NAMES), *moves],
+               {0: steps, 1: steps}).findings == []
 
 
 def test_a_cpu_call_on_a_cpu_model_without_simulation_is_nothing():
