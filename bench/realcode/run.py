@@ -15,6 +15,7 @@ import fnmatch
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -200,11 +201,13 @@ def run_doctor(case: Case, python: str, work: Path, out: Path, timeout: float) -
     start = time.monotonic()
     with open(out / "output.txt", "w") as log:
         try:
-            proc = subprocess.run(cmd, cwd=work / case.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout, start_new_session=True)
-            code = proc.returncode
+            proc = subprocess.Popen(cmd, cwd=work / case.cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             code = -1
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the ranks and spawned workers go too
+            proc.wait()
             log.write(f"\n[realcode] ddpdoctor did not finish within {timeout:.0f} s\n")
     return code, time.monotonic() - start
 
