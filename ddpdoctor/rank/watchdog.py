@@ -114,9 +114,11 @@ class Watchdog(threading.Thread):
             self._serve_dump_request()
             self._stop_event.wait(self._until_next_tick())
 
-    def _until_next_tick(self) -> float:
-        """Seconds to the next multiple of the interval on the wall clock (ranks beat together)."""
-        return self.interval_s - (time.time() % self.interval_s)
+    def _until_next_tick(self, now: Optional[float] = None) -> float:
+        """Seconds from ``now`` (the wall clock's time by default) to the next multiple of the
+        interval on the wall clock: every rank beats at the same instants."""
+        now = time.time() if now is None else now
+        return self.interval_s - (now % self.interval_s)
 
     def heartbeat(self) -> Heartbeat:
         """The recorder's counters plus what the main thread does right now."""

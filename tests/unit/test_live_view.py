@@ -90,10 +90,14 @@ def test_the_heartbeat_classifies_the_main_threads_stack_and_names_the_users_fra
 
 
 def test_beats_fall_on_wall_clock_ticks(tmp_path):
+    """Every rank beats at the same instants: the next multiple of the interval, whatever the time now
+    (a given instant, so no wall-clock window can make the test flaky)."""
     rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
-    wait = Watchdog(rec, interval_s=0.5)._until_next_tick()
-    ticks = (time.time() + wait) / 0.5
-    assert 0 < wait <= 0.5 and abs(ticks - round(ticks)) < 0.02  # every rank beats at the same instants
+    watchdog = Watchdog(rec, interval_s=0.5)
+    for now, expected in ((1000.0, 0.5), (1000.1, 0.4), (1000.49, 0.01), (1000.5, 0.5), (1000.75, 0.25)):
+        wait = watchdog._until_next_tick(now)
+        assert abs(wait - expected) < 1e-9 and 0 < wait <= 0.5
+        assert abs((now + wait) / 0.5 - round((now + wait) / 0.5)) < 1e-9
     rec.close()
 
 
