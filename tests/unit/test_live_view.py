@@ -6,7 +6,6 @@ counter against the hang threshold; steps and epochs as the ranks count them."""
 from __future__ import annotations
 
 import sys
-import time
 
 from builders import frame
 
