@@ -27,8 +27,11 @@ It reports:
   end of the write and the read, or before the file exists;
 - **warning**: `torch.load` without `map_location` while ranks use different GPUs (every rank loads
   onto the GPU the tensors were saved from, usually cuda:0);
-- **info**: a state dict saved from the DDP wrapper (keys start with `module.`);
-- **error**: a collective inside a block only one rank runs around a save (the job hangs there).
+- **info**: a state dict saved from the DDP wrapper (keys start with `module.`).
+
+A save under `if rank == 0:` followed by a collective inside that block (`dist.barrier()`) is one
+writer, as it should be: the save is not the problem, the collective only rank 0 calls is, and
+`collective-hang` reports it at the collective's line.
 
 ## Why it matters
 Checkpoints are the only thing a long run leaves behind. Two ranks writing one file, or a rank
@@ -177,34 +180,6 @@ def _module_prefix(saves: list[tuple[int, Save]]) -> list[Finding]:
     )]
 
 
-def _collective_around_save(evidence: Evidence, by_path) -> list[Finding]:
-    mismatch = evidence.facts.collective_divergence
-    if mismatch is None:
-        return []
-    if set(mismatch.absent) & {f.rank for f in evidence.facts.failures if not f.secondary}:
-        return []  # the ranks that never called it had failed on their own: rank-failure says why
-    n, at = mismatch.n, mismatch.calls
-    for path, per_rank in by_path.items():
-        if len(per_rank) != 1:
-            continue
-        (rank, events), = per_rank.items()
-        if at.get(rank) is None:
-            continue
-        for save in events:
-            if save.seq_start in (n - 1, n):
-                call = at[rank]
-                return [Finding(
-                    check=ID, severity="error", ranks=(rank,), location=_loc(save),
-                    message=(f"the save on rank {rank} is in a block only that rank runs, and the block calls "
-                             f"{call.op} (collective #{n}) that the other ranks never match: the job hangs"),
-                    fix="Keep only the save under `if rank == 0:`; call barriers and other collectives on every rank, "
-                        "outside that block.",
-                    evidence={"path": path, "collective": call.op, "sequence": n,
-                              "collective_site": call.site},
-                )]
-    return []
-
-
 UNFINISHED = 1 << 62  # seq_end of a save its rank never finished: no read is ordered after it
 
 
@@ -233,7 +208,6 @@ def analyze(evidence: Evidence) -> CheckResult:
     findings += _identical_copies(evidence, saves, evidence.world_size, multi_paths)
     findings += _unordered_reads(evidence, by_path, loads)
     findings += _map_location(evidence, loads)
-    findings += _collective_around_save(evidence, by_path)
     findings += _module_prefix(saves)
     summary = f"{len(saves)} save(s), {len(loads)} load(s)" + (f", {len(dcp_calls)} distributed-checkpoint call(s)" if dcp_calls else "")
     bad = [f for f in findings if f.severity != "info"]
