@@ -11,7 +11,9 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-__all__ = ["DecodedError", "decode", "last_error_line"]
+__all__ = ["COLLECTIVE_MISMATCH", "DecodedError", "decode", "last_error_line"]
+
+COLLECTIVE_MISMATCH = "collective-mismatch"  # the backend itself saw the ranks' collectives differ
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ _PATTERNS = (
     _p("duplicate-gpu", r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)",
        "two ranks use the same GPU (NCCL: \"Duplicate GPU detected\"): NCCL needs one process per GPU",
        _ONE_PROCESS_PER_GPU),
+    _p("negative-device-index", r"Device index must not be negative|device id must be non-negative",
+       "a rank asked for a negative CUDA device index (-1): most often `--local_rank` left at its argparse default, "
+       "since torchrun does not pass `--local_rank` (it sets the LOCAL_RANK environment variable)",
+       "Read the local rank from the environment: `local_rank = int(os.environ[\"LOCAL_RANK\"])`, and use it for "
+       "`torch.cuda.set_device(local_rank)`, `.cuda(local_rank)` and `device_ids=[local_rank]`."),
     _p("invalid-device-ordinal", r"invalid device ordinal",
        "a rank asked for a GPU index that does not exist on its node (more ranks per node than GPUs, or RANK used "
        "where LOCAL_RANK belongs)",
@@ -70,6 +77,13 @@ _PATTERNS = (
        "a CUDA kernel read or wrote outside its memory (illegal memory access)",
        "Run with CUDA_LAUNCH_BLOCKING=1 to find the kernel; check custom CUDA/Triton kernels and tensors used "
        "after being freed or moved to another device."),
+    # gloo checks the size of what a peer sent against what this rank posted for the same
+    # collective; a difference is an exception in gloo's I/O thread, which aborts the process.
+    _p(COLLECTIVE_MISMATCH, r"Received data size doesn't match expected size|distributed collective mismatch",
+       "gloo aborted it: a peer sent more or less data into a collective than this rank expected there, so the "
+       "ranks were in different collectives (or the same one with different sizes) at the same point",
+       "Make every rank issue the same collectives in the same order with the same sizes; collective-hang names the "
+       "first collective where the ranks differ."),
     _p("nccl-watchdog-timeout", r"Watchdog caught collective operation timeout",
        "NCCL's watchdog timed out a collective: the ranks did not all reach it (a hang ended by the backend)",
        "Find the rank that never called the collective (ddpdoctor's collective-hang check, with --hang-timeout, "

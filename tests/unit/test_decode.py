@@ -35,6 +35,7 @@ CAPTURED = {
     "watchdog-timeout": "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, "
     "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600030 milliseconds before timing out.",
     "invalid-ordinal": "CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough GPUs?",
+    "negative-index": "Device index must not be negative",  # x.cuda(-1): `--local_rank` left at -1 under torchrun
 }
 
 
@@ -48,6 +49,7 @@ CAPTURED = {
     ("device-assert", "device-assert", False),
     ("watchdog-timeout", "nccl-watchdog-timeout", True),
     ("invalid-ordinal", "invalid-device-ordinal", False),
+    ("negative-index", "negative-device-index", False),
 ])
 def test_captured_error_texts_decode_to_their_cause(captured, code, secondary):
     decoded = decode(CAPTURED[captured])

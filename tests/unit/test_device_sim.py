@@ -106,6 +106,52 @@ def test_torch_cuda_answers_one_gpu_per_local_rank(sim):
             "torch.accelerator.set_device_index"} <= set(last_event(sim)["calls"])
 
 
+def _error(call) -> tuple[type, str]:
+    """(type, message) of what ``call`` raises."""
+    try:
+        call()
+    except Exception as exc:
+        return type(exc), str(exc)
+    raise AssertionError("did not raise")
+
+
+NEGATIVE = (lambda: torch.ones(2).cuda(-1), lambda: nn.Linear(2, 2).cuda(-1), lambda: torch.ones(2).to(-1),
+            lambda: nn.Linear(2, 2).to(-1), lambda: torch.zeros(1, device=-1), lambda: torch.ones(2).to("cuda:-1"),
+            lambda: nn.Linear(2, 2).to("cuda:-1"), lambda: torch.device("cuda", -1))
+
+
+def test_a_negative_device_index_raises_what_torch_raises_on_any_machine(tmp_path, monkeypatch):
+    """`model.cuda(args.local_rank)` with the launch-era default -1: torch's argument parser refuses
+    it before any CUDA call, so a CPU-only torch raises exactly what a GPU machine raises."""
+    native = [_error(call) for call in NEGATIVE]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
+    finish = devicesim.install(rec, mode="simulate", nproc_per_node=2)
+    try:
+        assert [_error(call) for call in NEGATIVE] == native
+        assert native[0] == (RuntimeError, "Device index must not be negative")
+        torch.cuda.set_device(-1)  # torch: a negative index is a no-op
+        with torch.cuda.device(-1):
+            assert torch.cuda.current_device() == 0
+    finally:
+        finish()
+        patching.restore_all()
+        rec.close()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: torch.ones(2).cuda(4), lambda: nn.Linear(2, 2).cuda(4), lambda: torch.ones(2).to("cuda:5"),
+    lambda: nn.Linear(2, 2).to(torch.device("cuda", 4)), lambda: torch.zeros(1, device=7),
+    lambda: torch.cuda.set_device(4), lambda: torch.cuda.device(4).__enter__(),
+    lambda: torch.accelerator.set_device_index(4)])
+def test_an_index_past_the_simulated_gpus_raises_invalid_device_ordinal(sim, call):
+    kind, message = _error(call)
+    assert issubclass(kind, RuntimeError) and kind is getattr(torch, "AcceleratorError", RuntimeError)
+    assert message.startswith("CUDA error: invalid device ordinal\n")
+    assert decode(message).code == "invalid-device-ordinal"
+    assert torch.ones(2).cuda(3).device.type == "cpu"  # the node's last simulated GPU is fine
+
+
 def test_device_count_falls_back_to_nproc_per_node_in_a_spawn_launcher(tmp_path, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))

@@ -64,14 +64,14 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
     import torch
     import torch.utils.data._utils.pin_memory as pin_memory_module
 
-    cuda_api.install(rec, ledger, nproc_per_node=nproc_per_node)
+    devices = cuda_api.install(rec, ledger, nproc_per_node=nproc_per_node)
     distributed.install(rec, ledger)
     amp.install(rec, ledger)
     syncbn.install(rec, ledger)
     for owner in (torch, torch.serialization):
         patch(rec, "device", owner, "load", wrap_load(ledger))
     patch(rec, "device", pin_memory_module, "pin_memory", wrap_pin_memory(ledger))
-    cpu_mode = CpuDeviceMode(ledger)
+    cpu_mode = CpuDeviceMode(ledger, lambda: devices.count)
     cpu_mode.__enter__()
 
     def finish() -> None:

@@ -27,7 +27,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from ddpdoctor.rank.devicesim import properties
-from ddpdoctor.rank.devicesim.errors import CPU_BUILD_ERRORS, NOT_COMPILED, NotSimulatedError, not_simulated, raiser
+from ddpdoctor.rank.devicesim.errors import (CPU_BUILD_ERRORS, NOT_COMPILED, NotSimulatedError, invalid_ordinal,
+                                             not_simulated, raiser)
 from ddpdoctor.rank.devicesim.ledger import Ledger
 from ddpdoctor.rank.devicesim.mode import is_cuda
 from ddpdoctor.rank.devicesim.rng import SimulatedRng, generator_class
@@ -79,17 +80,20 @@ class SimulatedDevices:
         if isinstance(device, str):
             if not device.startswith("cuda:"):
                 raise ValueError(f"{api}: expected a CUDA device, got {device!r}")
-            return int(device.split(":", 1)[1])
+            parsed = torch.device(device)  # torch's own "Invalid device string" for "cuda:-1"
+            return self.current if parsed.index is None else parsed.index
         return int(device)
 
     def set_device(self, device: Any, api: str = "torch.cuda.set_device") -> None:
         index = self.index(device, api)
         if index < 0:
             return  # torch: a negative index is a no-op
+        self.enter(index)
+
+    def enter(self, index: int) -> None:
+        """Make ``index`` current, failing past this node's GPUs as cudaSetDevice does."""
         if index >= self.count:
-            # torch's own words, so analysis decodes it like the real "invalid device ordinal"
-            raise RuntimeError(f"CUDA error: invalid device ordinal (simulated: {api}({index}) with "
-                               f"{self.count} simulated GPUs on this node)")
+            raise invalid_ordinal()
         self.current = index
         self.ledger.device(index)
 
@@ -131,8 +135,8 @@ def _cuda_answers(ledger: Ledger, devices: SimulatedDevices, rng: SimulatedRng) 
 
         def __enter__(self) -> "device":
             self.prev_idx = devices.current
-            if 0 <= self.idx < devices.count:
-                devices.current = self.idx
+            if self.idx >= 0:  # torch: a negative index is a no-op
+                devices.enter(self.idx)
             return self
 
         def __exit__(self, *exc: Any) -> bool:
@@ -224,8 +228,8 @@ def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices) -> dict[str,
 
             def __enter__(self) -> None:
                 self.prev_idx = devices.current
-                if 0 <= self.idx < devices.count:
-                    devices.current = self.idx
+                if self.idx >= 0:
+                    devices.enter(self.idx)
 
             def __exit__(self, *exc: Any) -> None:
                 devices.current = self.prev_idx

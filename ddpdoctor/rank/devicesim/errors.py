@@ -68,3 +68,24 @@ def raiser(api: str, on_call: Optional[Callable[[str], None]] = None, *,
 
     not_simulated_call.__qualname__ = not_simulated_call.__name__ = api.rsplit(".", 1)[-1]
     return not_simulated_call
+
+
+# What torch itself raises for a device index it refuses, word for word, so a script (or a library)
+# that catches it behaves as on a GPU machine and the analysis decodes it as torch's own error.
+NEGATIVE_INDEX = "Device index must not be negative"  # torch's argument parser, on any build
+INVALID_ORDINAL = ("CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough GPUs?\n"
+                   "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")  # c10's CUDA check
+
+
+def negative_index() -> RuntimeError:
+    """A negative CUDA device index (``x.cuda(-1)``, ``Module.to(-1)``, ``device=-1``)."""
+    return RuntimeError(NEGATIVE_INDEX)
+
+
+def invalid_ordinal() -> RuntimeError:
+    """A CUDA device index past the devices of this node: cudaSetDevice's cudaErrorInvalidDevice,
+    as the ``torch.AcceleratorError`` recent torch raises (a RuntimeError before it existed)."""
+    import torch  # not at import: this module is read before the script imports torch
+
+    kind = getattr(torch, "AcceleratorError", RuntimeError)
+    return kind(INVALID_ORDINAL)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ddpdoctor.rank.devicesim.errors import invalid_ordinal, negative_index
 from ddpdoctor.rank.devicesim.ledger import MAP_LOCATION, MODULES, PIN_MEMORY, TENSORS, Ledger
 
 CPU = torch.device("cpu")
@@ -28,23 +29,31 @@ def is_cuda(device: Any) -> bool:
     return isinstance(device, int) and not isinstance(device, bool)
 
 
-def _device_index(device: Any) -> int | None:
+def checked_index(device: Any, count: int) -> int | None:
+    """The CUDA index a device argument names (None: the current device), raising what torch raises
+    for one it refuses: "Device index must not be negative" (its argument parser, on any machine),
+    "Invalid device string" (``"cuda:-1"``), or "invalid device ordinal" past the ``count`` GPUs of
+    this node (as a GPU machine does when the tensor is placed)."""
     if isinstance(device, int) and not isinstance(device, bool):
-        return device
-    if isinstance(device, str) and ":" in device:
-        try:
-            return int(device.split(":", 1)[1])
-        except ValueError:
-            return None
-    return device.index if isinstance(device, torch.device) else None
+        if device < 0:
+            raise negative_index()
+        index: int | None = device
+    else:
+        index = torch.device(device).index if isinstance(device, str) else device.index
+    if index is not None and index >= count:
+        raise invalid_ordinal()
+    return index
 
 
 class CpuDeviceMode(TorchFunctionMode):
-    """Rewrites CUDA device arguments to the CPU; everything else passes through untouched."""
+    """Rewrites CUDA device arguments to the CPU; everything else passes through untouched. A device
+    index that torch would refuse (negative, or past the ``device_count`` simulated GPUs) raises
+    torch's own error instead, so a script that asks for device -1 fails here as it would on GPUs."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, device_count: Callable[[], int] = lambda: 1 << 30) -> None:
         super().__init__()
         self.ledger = ledger
+        self.device_count = device_count
         self.special: dict[Any, Callable[..., Any]] = {
             torch.Tensor.to: self._to, torch._C._nn._parse_to: self._to, torch.Tensor.cuda: self._cuda,
             torch.Tensor.pin_memory: self._pin_memory, torch.Tensor.is_pinned: self._is_pinned,
@@ -64,8 +73,10 @@ class CpuDeviceMode(TorchFunctionMode):
         return func(*args)
 
     def _note(self, what: str, device: Any) -> None:
+        """Count a simulated placement on ``device`` (None: the current device), after checking it
+        as torch would."""
+        index = None if device is None else checked_index(device, self.device_count())
         self.ledger.count(what)
-        index = _device_index(device)
         if index is not None:
             self.ledger.device(index)
 

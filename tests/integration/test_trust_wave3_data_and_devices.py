@@ -1,0 +1,53 @@
+"""Issue #30 item 3: three false verdicts, each fixed at its mechanism, through real torchrun (2
+gloo ranks on CPU, GPU scripts under the device simulation).
+
+- datasets each rank builds for itself: positions mean different samples, so overlap is judged by
+  content, never by index (good_rank_local_shards.py, bad_rank_local_full_list.py);
+- the simulation refuses the device indices CUDA refuses (bad_launch_local_rank_arg.py,
+  good_launch_local_rank_env.py);
+- nn.DataParallel under torchrun runs as on GPUs and is named as the root (bad_dataparallel_torchrun.py,
+  good_ddp_tutorial.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FIXTURES
+
+pytestmark = pytest.mark.integration
+
+
+def _line_of(fixture: str, text: str) -> int:
+    """The line of ``fixture`` holding ``text`` (exactly one)."""
+    lines = [n for n, line in enumerate((FIXTURES / fixture).read_text().splitlines(), start=1) if text in line]
+    assert len(lines) == 1, (fixture, text, lines)
+    return lines[0]
+
+
+def _found(run) -> set[tuple[str, str]]:
+    return {(f["check"], f["severity"]) for f in run.findings()}
+
+
+def _consequences(finding: dict) -> set[str]:
+    return {c["check"] for c in finding["consequences"]}
+
+
+# -- 2. device indices CUDA refuses ------------------------------------------------------------------
+
+def test_launch_era_local_rank_minus_one_fails_at_its_line_as_on_gpus(run_check):
+    run = run_check("bad_launch_local_rank_arg.py")
+    assert run.returncode == 1 and run.report["outcome"] == "failed"
+    assert _found(run) == {("rank-failure", "error")}
+    (finding,) = run.findings("rank-failure")
+    assert finding["location"]["line"] == _line_of("bad_launch_local_rank_arg.py",
+                                                   "nn.Linear(32, 4)).cuda(args.local_rank)")
+    assert finding["evidence"]["decoded"]["code"] == "negative-device-index"
+    assert "Device index must not be negative" in finding["message"]
+    assert 'os.environ["LOCAL_RANK"]' in finding["fix"]
+    assert _consequences(finding) == set()
+
+
+def test_launch_era_script_reading_local_rank_from_the_environment_is_clean(run_check):
+    run = run_check("good_launch_local_rank_env.py")
+    assert _found(run) == set()
+    assert run.returncode == 0 and run.report["outcome"] == "completed"
