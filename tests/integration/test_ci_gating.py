@@ -3,6 +3,8 @@ inline suppression, `ddpdoctor report`, --exit-zero."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import os
 import shutil
@@ -12,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ddpdoctor_command
+from conftest import FIXTURES, ddpdoctor_command, skip_or_fail_in_ci
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +51,9 @@ def test_max_epochs_cuts_at_the_start_of_the_next_training_pass(run_check):
 # -- formats from a real run of a known-bad fixture -----------------------------------------------------
 
 def test_every_format_from_one_run_of_a_known_bad_fixture(tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
+    if importlib.util.find_spec("jsonschema") is None:
+        skip_or_fail_in_ci("jsonschema is not installed (it is in the test extras: pip install -e '.[test]')")
+    import jsonschema
     summary = tmp_path / "summary.md"
     out = {name: tmp_path / name for name in ("r.json", "junit.xml", "out.sarif", "report.md")}
     proc = subprocess.run(
@@ -156,3 +160,18 @@ def test_a_saved_report_renders_again_in_any_format(tmp_path, run_check):
     assert "WARNING set-epoch" in proc.stdout and "verdict: NOT OK" in proc.stdout
     assert ET.parse(tmp_path / "j.xml").getroot().find(".//testcase[@name='set-epoch']") is not None
     assert ddpdoctor("report", str(tmp_path / "missing.json"), cwd=tmp_path).returncode == 2
+
+
+def test_a_missing_real_dependency_skips_here_and_fails_under_ci(monkeypatch):
+    """Slurm, network namespaces and the test extras are required where CI is set (.ci/run sets it)."""
+    for value in ("true", "1", "yes"):
+        monkeypatch.setenv("CI", value)
+        with pytest.raises(pytest.fail.Exception, match="required under CI"):
+            skip_or_fail_in_ci("no Slurm here: slurmctld not found")
+    for value in ("", "false", "0"):
+        monkeypatch.setenv("CI", value)
+        with pytest.raises(pytest.skip.Exception, match="no Slurm here"):
+            skip_or_fail_in_ci("no Slurm here: slurmctld not found")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        skip_or_fail_in_ci("no Slurm here: slurmctld not found")

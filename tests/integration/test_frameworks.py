@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from conftest import skip_or_fail_in_ci
 
 pytestmark = pytest.mark.integration
 
@@ -27,7 +28,7 @@ FIXTURES = {
 def test_framework_fixture(run_check, fixture):
     module, title, roots, words = FIXTURES[fixture]
     if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} is not installed (it is in the test extras: pip install -e '.[test]')")
+        skip_or_fail_in_ci(f"{module} is not installed (it is in the test extras: pip install -e '.[test]')")
     run = run_check(fixture, "--hang-timeout", "10")
     assert run.report is not None, run.output[-3000:]
     assert run.roots() == roots, (run.roots(), run.output[-3000:])

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, skip_or_fail_in_ci
 from slurm_cluster import SlurmCluster, TwoNodeSlurm
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,7 @@ NOISE = re.compile(r"frame #|TCPStore|recvValue|Traceback|Connection closed|^\[?
 def slurm():
     reason = SlurmCluster.unavailable()
     if reason is not None:
-        pytest.skip(f"no Slurm here: {reason}")
+        skip_or_fail_in_ci(f"no Slurm here: {reason}")
     cluster = SlurmCluster()
     try:
         cluster.start()
@@ -225,7 +225,7 @@ def two_nodes(slurm):
 
     reason = unavailable()
     if reason is not None:
-        pytest.skip(f"no network namespaces here: {reason}")
+        skip_or_fail_in_ci(f"no network namespaces here: {reason}")
     cluster = TwoNodeSlurm()
     cluster.start()
     try:
