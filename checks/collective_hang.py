@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import RankFailure
 from ddpdoctor.analysis.trace import Mismatch, RankTrace, TraceEntry
 from ddpdoctor.schema.observations import StopSnapshot
 
@@ -25,7 +28,15 @@ progress. It reports:
   or already exited, and the first collective at which the ranks' traces differ;
 - **a mismatch without a hang**: at the same sequence number ranks called different collectives or
   passed tensors of different shape or dtype (which gloo and NCCL may silently mis-reduce, or
-  raise about at once, as gloo does for an all_gather whose size differs by rank).
+  raise about at once, as gloo does for an all_gather whose size differs by rank);
+- **a collective some ranks issued and the others never did, that a rank died over**: DDP's own
+  collectives count, booked to the line that caused them. A forward through the DDP wrapper on
+  rank 0 only (an evaluation under `if rank == 0:`) broadcasts DDP's buffers, which gloo pairs with
+  whatever the other ranks are in: on the iteration DDP rebuilds its buckets, their bucket-order
+  broadcast, whose size differs, and gloo aborts them ("Received data size doesn't match expected
+  size ... collective mismatch", SIGABRT). The rank-only forward is the root, at its line; the
+  abort, and the "Connection reset by peer" that follows on the rank that ran the forward, are its
+  consequences.
 
 A rank busy in code that is not communication (a large `torch.save`, a DataLoader waiting on
 slow storage, its own computation) is not hung: the job counts as hung only when every rank still
@@ -250,23 +261,48 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     if mismatch is None or not mismatch.absent:
         return None
     present = mismatch.present
-    failed_in_it = [f for f in evidence.facts.failures if f.rank in present and f.seq >= mismatch.n]
-    if not failed_in_it:
+    failures = evidence.facts.failures
+    failed_in_it = [f for f in failures if f.rank in present and f.seq >= mismatch.n]
+    aborted = [f for f in failures if f.rank in mismatch.absent and _aborted_by_mismatch(f)]
+    if not failed_in_it and not aborted:
         return None
     culprit = mismatch.culprit()
-    how = "; ".join(f"rank {f.rank} {'was killed by ' + f.signal if f.signal else 'failed with ' + (f.headline or 'exit code ' + str(f.code))}"
-                    for f in failed_in_it)
-    return Finding(
-        check=ID, severity="error", ranks=tuple(sorted(present) + mismatch.absent),
-        location=Location.from_site(present[culprit].site),
-        message=(f"{fmt_ranks(present)} {_verb(present[culprit])} {_describe(present[culprit])} (collective "
-                 f"#{mismatch.n}) that {fmt_ranks(mismatch.absent)} never {_verb(present[culprit])}; then {how[:300]}"),
-        fix=("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
-             "decision so all ranks take it."),
-        evidence={"kind": "orphan", "sequence": mismatch.n, "called_by": sorted(present),
-                  "never_called_by": mismatch.absent, "site": present[culprit].site,
-                  "culprit_phase": present[culprit].phase},
-    )
+    how = "; ".join(_how_it_failed(f) for f in aborted + failed_in_it)
+    evidence_out = {"kind": "orphan", "sequence": mismatch.n, "called_by": sorted(present),
+                    "never_called_by": mismatch.absent, "site": present[culprit].site,
+                    "culprit_phase": present[culprit].phase}
+    fix = ("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
+           "decision so all ranks take it.")
+    message = (f"{fmt_ranks(present)} {_verb(present[culprit])} {_describe(present[culprit])} (collective "
+               f"#{mismatch.n}) that {fmt_ranks(mismatch.absent)} never {_verb(present[culprit])}; then {how[:400]}")
+    rank_only = _rank_only(mismatch, evidence.facts.world_traces)
+    failed_elsewhere = [f for f in failures if rank_only and f.rank in rank_only.others and f not in aborted]
+    if rank_only is not None and not failed_elsewhere:  # the others' only failure is gloo's abort on the mismatch
+        met = (f"so its collective #{mismatch.n} met a different collective on {fmt_ranks([f.rank for f in aborted])}"
+               if aborted else f"and collective #{mismatch.n} had no partner on {fmt_ranks(mismatch.absent)}")
+        message = (f"{rank_only.ran} that {fmt_ranks(rank_only.others)} never ran: {_RANK_ONLY_WHY[rank_only.phase]}, "
+                   f"a collective the other ranks pair with their own, {met}; then {how[:400]}")
+        fix = _RANK_ONLY_FIX[rank_only.phase]
+        evidence_out.update(rank_only.evidence)
+    return Finding(check=ID, severity="error", ranks=tuple(sorted(present) + mismatch.absent),
+                   location=Location.from_site(present[culprit].site), message=message, fix=fix,
+                   evidence=evidence_out)
+
+
+def _aborted_by_mismatch(failure: RankFailure) -> bool:
+    """The backend aborted this rank because a peer's collective did not match its own (gloo's size
+    check): the rank was in a collective, paired with something else."""
+    return failure.decoded is not None and failure.decoded.code == COLLECTIVE_MISMATCH
+
+
+def _how_it_failed(failure: RankFailure) -> str:
+    if _aborted_by_mismatch(failure):
+        assert failure.decoded is not None
+        killed = f" ({failure.signal})" if failure.signal else ""
+        return f"gloo aborted rank {failure.rank}{killed}: {failure.decoded.detail or failure.headline}"
+    if failure.signal:
+        return f"rank {failure.rank} was killed by {failure.signal}"
+    return f"rank {failure.rank} failed with {failure.headline or 'exit code ' + str(failure.code)}"
 
 
 _RANK_ONLY_WHAT = {  # (one, several): what a rank ran that its peers did not
@@ -290,6 +326,33 @@ _RANK_ONLY_FIX = {
 }
 
 
+@dataclass(frozen=True)
+class _RankOnly:
+    """DDP's own collectives from a line (a forward, backward or constructor through the wrapper)
+    that some ranks ran and the others never did."""
+
+    phase: str
+    ran: str  # "rank 0 ran 2 forwards through the DDP wrapper at train.py:39"
+    others: list[int]
+    evidence: dict
+
+
+def _rank_only(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Optional[_RankOnly]:
+    """The culprit's collective is DDP's own, from a line the other ranks issued no collective from."""
+    culprit = mismatch.culprit()
+    entry = mismatch.present[culprit]
+    others = [r for r in sorted(mismatch.calls) if mismatch.counts.get(r, {}).get(entry.line_key(), 0) == 0]
+    if not (entry.internal and others and entry.phase in _RANK_ONLY_WHAT):
+        return None
+    key = entry.line_key()
+    counts = {str(r): mismatch.counts.get(r, {}).get(key, 0) for r in sorted(mismatch.calls)}
+    times = len({id(e.event) for e in traces[culprit].entries if e.line_key() == key})
+    one, several = _RANK_ONLY_WHAT[entry.phase]
+    what = one if times == 1 else f"{times} {several}"
+    return _RankOnly(phase=entry.phase, others=others,
+                     ran=f"rank {culprit} ran {what} at {short_site(Location.from_site(entry.site))}",
+                     evidence={"rank_only": entry.phase, "never_ran": others, "collectives_from_line": counts})
+
 
 def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Finding:
     present = mismatch.present
@@ -302,18 +365,13 @@ def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Findi
                 "calls": {str(r): {"op": e.op, "phase": e.phase, "tensors": e.tensors, "site": e.site}
                           for r, e in sorted(present.items())}}
     fix = "Call the same collective with tensors of the same shape and dtype on every rank."
-    if entry.internal and others and entry.phase in _RANK_ONLY_WHAT:
-        key = entry.line_key()
-        counts = {str(r): mismatch.counts.get(r, {}).get(key, 0) for r in sorted(mismatch.calls)}
-        times = len({id(e.event) for e in traces[culprit].entries if e.line_key() == key})
-        one, several = _RANK_ONLY_WHAT[entry.phase]
-        what = one if times == 1 else f"{times} {several}"
-        message = (f"rank {culprit} ran {what} at {short_site(Location.from_site(entry.site))} that "
-                   f"{fmt_ranks(others)} never ran: {_RANK_ONLY_WHY[entry.phase]}, a collective the other ranks "
-                   f"pair with their own, so from collective #{mismatch.n} on every collective is paired with a "
-                   f"different one ({at_n})")
-        fix = _RANK_ONLY_FIX[entry.phase]
-        evidence.update({"rank_only": entry.phase, "never_ran": others, "collectives_from_line": counts})
+    rank_only = _rank_only(mismatch, traces)
+    if rank_only is not None:
+        message = (f"{rank_only.ran} that {fmt_ranks(rank_only.others)} never ran: {_RANK_ONLY_WHY[rank_only.phase]}, "
+                   f"a collective the other ranks pair with their own, so from collective #{mismatch.n} on every "
+                   f"collective is paired with a different one ({at_n})")
+        fix = _RANK_ONLY_FIX[rank_only.phase]
+        evidence.update(rank_only.evidence)
     else:
         message = f"collective #{mismatch.n}{_on_group(mismatch)} differs across ranks: {at_n}"
         if others:

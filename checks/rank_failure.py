@@ -25,7 +25,10 @@ optimizer step it completed. It separates the root cause from the secondary erro
 
 Every rank raising the same exception at the same line is one cause, reported once for all of
 them. NCCL and CUDA errors are decoded into their cause (two ranks on one GPU, out of memory, a
-device-side assert...), reading NCCL's "Last error" line and the rank's own output.
+device-side assert...), reading NCCL's "Last error" line and the rank's own output. A rank killed
+by SIGABRT because gloo aborted it on a collective mismatch (its output: "Received data size
+doesn't match expected size") says so; the collectives that diverged are then the cause
+(collective-hang), and this failure is attached to that finding.
 
 ## Why it matters
 In a DDP job one failing rank makes every other rank fail in a collective moments later. The logs
@@ -90,6 +93,9 @@ def _describe(failure: RankFailure, who: str) -> tuple[str, str]:
         return (f"{who} called sys.exit({failure.code})",
                 "Exit on every rank together (decide collectively, e.g. broadcast the decision), or fix the "
                 "condition that exits.")
+    if failure.kind == "signal" and failure.decoded is not None:  # its own output says why it aborted
+        detail = f" ({failure.decoded.detail})" if failure.decoded.detail else ""
+        return f"{who} was killed by {failure.signal}: {failure.decoded.cause}{detail}", failure.decoded.fix
     if failure.kind == "signal":
         return (f"{who} was killed by {failure.signal}",
                 "Find what killed it: the kernel OOM killer (dmesg), a cluster scheduler, or a crash in native code. "

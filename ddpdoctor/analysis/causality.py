@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ddpdoctor.analysis.api import Finding
+from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 
 __all__ = ["Rule", "RULES", "link"]
 
@@ -40,11 +41,14 @@ def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
 
 def _failure_in_the_mismatched_collective(finding: Finding, cause: Finding) -> bool:
     """A rank failed inside the collective whose calls differ (gloo raises at once on a size
-    mismatch), or only with a peer's symptom (connection closed) once the ranks diverged."""
+    mismatch), or only with a peer's symptom (connection closed) once the ranks diverged, or gloo
+    aborted it on a collective mismatch (its own output says so; a killed rank records no number of
+    the collective it died in)."""
     if finding.check != "rank-failure":
         return False
     sequence = cause.evidence.get("sequence")
-    return bool(finding.evidence.get("secondary_only")) or (
+    aborted = (finding.evidence.get("decoded") or {}).get("code") == COLLECTIVE_MISMATCH
+    return bool(finding.evidence.get("secondary_only")) or (aborted and sequence is not None) or (
         sequence is not None and finding.evidence.get("seq") is not None and finding.evidence["seq"] >= sequence)
 
 

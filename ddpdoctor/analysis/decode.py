@@ -108,6 +108,8 @@ _PATTERNS = (
 )
 
 _NCCL_WARN = re.compile(r"NCCL WARN\s+(.*)")
+# std::terminate's report of the C++ exception that aborted the process (gloo's I/O thread).
+_TERMINATE = re.compile(r"what\(\):\s+(?:\[[^\]]*\]\s*)?(.*)")
 
 
 def last_error_line(message: str) -> Optional[str]:
@@ -126,17 +128,19 @@ def last_error_line(message: str) -> Optional[str]:
 def decode(message: str, output: Iterable[str] = ()) -> Optional[DecodedError]:
     """The cause behind an exception message, using the rank's output lines where NCCL put it."""
     last_error = last_error_line(message) or ""
-    warnings = [m.group(1).strip() for line in output for m in [_NCCL_WARN.search(line)] if m]
+    lines = list(output)
+    warnings = [m.group(1).strip() for line in lines for m in [_NCCL_WARN.search(line)] if m]
+    aborts = [m.group(1).strip() for line in lines for m in [_TERMINATE.search(line)] if m]
     mentions_nccl = bool(warnings) or "nccl" in message.lower()
     for pattern in _PATTERNS:
         if pattern.nccl_only and not mentions_nccl:
             continue
-        for text in (last_error, *warnings, message):
+        for text in (last_error, *warnings, *aborts, message):
             if not text:
                 continue
             match = pattern.regex.search(text)
             if match:
-                detail = last_error or (text if text in warnings else None) or match.group(0)
+                detail = last_error or (text if text in warnings or text in aborts else None) or match.group(0)
                 return DecodedError(code=pattern.code, cause=pattern.cause, fix=pattern.fix, detail=detail,
                                     secondary=pattern.secondary)
     return None

@@ -30,6 +30,34 @@ def _found(run) -> set[tuple[str, str]]:
     return {(f["check"], f["severity"]) for f in run.findings()}
 
 
+# -- a rank-0-only forward through DDP at the bucket rebuild ----------------------------------------
+
+EVAL_AT_REBUILD = "bad_eval_rank0_at_bucket_rebuild.py"
+
+
+def test_a_rank0_only_ddp_forward_that_gloo_aborts_the_peer_on_is_the_root_at_its_line(run_check):
+    run = run_check(EVAL_AT_REBUILD, "--hang-timeout", "5")
+    assert run.report is not None, run.output[-3000:]
+    assert run.returncode == 1 and run.report["outcome"] == "failed", run.output[-3000:]
+    assert _found(run) == {("collective-hang", "error")}, run.output[-3000:]
+    (root,) = run.findings()
+    assert root["location"]["line"] == _line_of(EVAL_AT_REBUILD, "model(val.images)")
+    assert root["evidence"]["rank_only"] == "ddp-forward" and root["evidence"]["never_ran"] == [1]
+    assert root["message"].startswith(f"rank 0 ran a forward through the DDP wrapper at {EVAL_AT_REBUILD}:")
+    assert "gloo aborted rank 1 (SIGABRT)" in root["message"]
+    assert "model.module(x)" in root["fix"] and "torch.no_grad()" in root["fix"]
+    assert {c["check"] for c in root["consequences"]} == {"rank-failure"}
+    (abort,) = root["consequences"]
+    assert abort["ranks"] == [1] and "Received data size doesn't match expected size" in abort["message"]
+
+
+def test_every_rank_evaluating_through_ddp_is_clean(run_check):
+    run = run_check(EVAL_AT_REBUILD, "--hang-timeout", "5", script_args=("--every-rank-evaluates",))
+    assert run.report is not None, run.output[-3000:]
+    assert _found(run) == set(), run.output[-3000:]
+    assert run.returncode == 0 and run.report["outcome"] == "completed"
+
+
 # -- a barrier inside rank 0's save block ----------------------------------------------------------
 
 def test_a_barrier_in_the_rank0_save_block_is_one_root_at_the_barrier(run_check):

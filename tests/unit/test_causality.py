@@ -122,3 +122,18 @@ def test_iteration_counts_a_hang_cut_short_follow_from_the_hang():
     hang = finding("collective-hang", kind="hang", culprit_phase="call")
     roots = link([hang, finding("uneven-inputs", cause="unknown")])
     assert checks(roots) == [("collective-hang", ["uneven-inputs"])]
+
+
+def test_a_rank_gloo_aborted_on_the_mismatch_is_a_consequence_of_the_rank_only_collective():
+    """A killed rank records no number of the collective it died in (its seq is its last event's):
+    gloo's own abort message ties it to the divergence, so the crash rule does not take the root."""
+    orphan = finding("collective-hang", kind="orphan", sequence=8, never_called_by=[1], rank_only="ddp-forward")
+    aborted = finding("rank-failure", secondary_only=False, failed_ranks=[0, 1], seq=7, kind="signal",
+                      decoded={"code": "collective-mismatch"})
+    assert checks(link([aborted, orphan])) == [("collective-hang", ["rank-failure"])]
+
+
+def test_a_rank_killed_without_gloos_mismatch_message_stays_the_root():
+    orphan = finding("collective-hang", kind="orphan", sequence=8, never_called_by=[1])
+    killed = finding("rank-failure", secondary_only=False, failed_ranks=[0, 1], seq=7, kind="signal")
+    assert checks(link([killed, orphan])) == [("rank-failure", ["collective-hang"])]

@@ -259,3 +259,46 @@ def test_a_stall_that_resolved_is_info():
     assert finding.severity == "info"
     assert finding.evidence["kind"] == "stall"
     assert result.status == "pass"
+
+
+# -- a rank-only forward through DDP that gloo aborts the peer on -----------------------------------
+
+GLOO_ABORT = ["terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+              "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 64 vs 36. Received data size "
+              "doesn't match expected size. Is there a distributed collective mismatch in your code?"]
+
+
+def _eval_on_rank0_at_the_rebuild(signal="SIGABRT", **supervisor):
+    """Both ranks trained one iteration; then rank 0 alone ran an evaluation forward through DDP
+    (collectives #8, #9 at line 39) while rank 1, in its next training forward, died in #8."""
+    from builders import failure, internal
+
+    first_iteration = [internal(1, 4, "ddp-init", line=53), internal(5, 2, "ddp-forward", line=61),
+                       internal(7, 1, "ddp-backward", line=63)]
+    return traced(2, {
+        0: [*first_iteration, internal(8, 2, "ddp-forward", line=39, grad=False, training=False),
+            exception("RuntimeError", "Read error [127.0.0.1]:41873: Connection reset by peer.", seq=9, line=39)],
+        1: list(first_iteration),
+    }, outcome="failed", failures=[failure(1, exitcode=-6 if signal == "SIGABRT" else -9, signal=signal, t=5.0)],
+        **supervisor)
+
+
+def test_a_rank_only_ddp_forward_that_gloo_aborted_the_peer_on_is_named_at_its_line():
+    (finding,) = analyze(_eval_on_rank0_at_the_rebuild(output_tails={1: GLOO_ABORT})).findings
+    assert finding.severity == "error" and finding.location == Location(SCRIPT, 39)
+    assert finding.message.startswith("rank 0 ran a forward through the DDP wrapper at train.py:39 that rank 1 never "
+                                      "ran: each broadcasts DDP's buffers, a collective the other ranks pair with "
+                                      "their own, so its collective #8 met a different collective on rank 1; then "
+                                      "gloo aborted rank 1 (SIGABRT): op.preamble.length <= op.nbytes. 64 vs 36.")
+    assert finding.evidence["rank_only"] == "ddp-forward" and finding.evidence["never_ran"] == [1]
+    assert finding.evidence["sequence"] == 8 and finding.evidence["collectives_from_line"] == {"0": 2, "1": 0}
+    assert "model.module(x)" in finding.fix
+
+
+def test_a_peer_killed_without_gloos_mismatch_message_is_not_called_a_rank_only_forward():
+    """A SIGKILL (the OOM killer) says nothing about what the peer was in: the orphan is reported as
+    it is, and rank-failure's crash stays the root (the causality pass)."""
+    (finding,) = analyze(_eval_on_rank0_at_the_rebuild("SIGKILL")).findings
+    assert finding.evidence["kind"] == "orphan" and "rank_only" not in finding.evidence
+    assert finding.message.startswith("rank 0 issued DDP's forward (its buffer or bucket broadcast), with no backward "
+                                      "to follow (evaluation) at train.py:39 (collective #8) that rank 1 never issued")

@@ -101,3 +101,19 @@ def test_owned_lines_load_typed_with_fields_of_a_newer_writer_dropped():
     assert isinstance(newer, events.Save) and newer.path == "/c.pt"
     line = {"kind": "load", "path": "/c.pt", "error": None}
     assert events.event_from_json(dict(line), owned=True) == events.event_from_json(line)
+
+
+GLOO_ABORT = ["terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+              "  what():  [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+              "op.preamble.length <= op.nbytes. 64 vs 36. Received data size doesn't match expected size. Is there a "
+              "distributed collective mismatch in your code?"]
+
+
+def test_gloos_abort_on_a_size_mismatch_is_a_collective_mismatch_read_from_the_output():
+    """gloo's size check throws in its I/O thread: the rank dies of SIGABRT with no Python exception,
+    and std::terminate's `what():` line is all that says why."""
+    decoded = decode("", GLOO_ABORT)
+    assert decoded is not None and decoded.code == "collective-mismatch" and decoded.secondary is False
+    assert decoded.detail == ("op.preamble.length <= op.nbytes. 64 vs 36. Received data size doesn't match expected "
+                              "size. Is there a distributed collective mismatch in your code?")
+    assert decode("", ["terminate called without an active exception"]) is None

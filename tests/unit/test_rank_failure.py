@@ -292,3 +292,17 @@ def test_a_signal_after_the_script_finished_is_a_teardown_crash_not_the_scripts(
     assert finding.severity == "warning" and finding.ranks == (1,)
     assert "after the script had finished cleanly" in finding.message
     assert evidence.facts.failures == []
+
+
+def test_a_rank_gloo_aborted_on_a_collective_mismatch_says_so_instead_of_guessing_a_killer():
+    output = ["terminate called after throwing an instance of 'gloo::EnforceNotMet'",
+              "  what():  [enforce fail at pair.cc:456] op.preamble.length <= op.nbytes. 64 vs 36. Received data size "
+              "doesn't match expected size. Is there a distributed collective mismatch in your code?"]
+    evidence = make_evidence(2, trained(2, steps=1), outcome="failed", output_tails={1: output},
+                             failures=[failure(1, exitcode=-6, signal="SIGABRT")])
+    finding = only_finding(analyze(evidence))
+    assert finding.message.startswith("rank 1 was killed by SIGABRT: gloo aborted it: a peer sent more or less data "
+                                      "into a collective than this rank expected there")
+    assert "64 vs 36" in finding.message
+    assert finding.evidence["decoded"]["code"] == "collective-mismatch"
+    assert "OOM" not in finding.fix and "collective-hang" in finding.fix
