@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Optional
+from typing import Iterable, Optional
 
 from ddpdoctor.analysis import content
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.content import Overlap, Stream
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import ContentPass
+from ddpdoctor.analysis.index_sets import distinct_indices, overlap
+from ddpdoctor.schema.events import ContentPass, LoaderPass
 
 SAMPLER_ID = "sampler-disjoint"
 SET_EPOCH_ID = "set-epoch"
@@ -29,6 +30,9 @@ _FIX_ORDER = ("Build the dataset in the same order on every rank: sort the file 
 # at least this share of the forwards compared (a constant input now and then is not a pattern).
 MIN_SAME_FORWARDS = 2
 SAME_FRACTION = 0.5
+_FIX_RANK_LOCAL = ("Give each rank a disjoint part of the data: build the dataset the same way on every rank and "
+                   "shard it with `DistributedSampler(dataset)`, or keep a dataset per rank built from a disjoint "
+                   "slice of a list sorted the same way everywhere (`sorted(files)[rank::world_size]`).")
 _FIX_FORWARD = ("Give each rank its own part of the data: a DataLoader with `DistributedSampler(dataset)`, or "
                 "batches drawn per rank (a generator seeded with seed + rank, or index ranges split by rank).")
 _FIX_MADE = ("Draw the inputs the script makes (noise, synthetic batches) per rank: from a `torch.Generator` seeded "
@@ -46,10 +50,41 @@ def _purpose(events: list, ddp_job: bool) -> str:
     return "evaluation"
 
 
+def rank_local(events: Iterable[LoaderPass]) -> bool:
+    """Whether the ranks sampled datasets that differ (each built its own: a shard of a file list,
+    data generated from the rank): then a position names a different sample on each rank, and only
+    the content can tell whether the ranks' samples overlap. Told by the datasets' identity digests
+    (type, length, attributes), or, in evidence without them, by the lengths of the datasets under
+    every Subset."""
+    events = list(events)
+    digests = {e.dataset_digest for e in events}
+    if None not in digests:
+        return len(digests) > 1
+    return len({e.base_len for e in events if e.base_len is not None}) > 1
+
+
 def _indexed(evidence: Evidence, key: str, number: int) -> bool:
     """The index probe saw this pass's sample positions (a map-style dataset with an integer sampler)."""
     passes = evidence.facts.loader_passes.get((key, number), {})
     return any(e.indices is not None for e in passes.values())
+
+
+def _rank_local_pass(evidence: Evidence, key: str, number: int) -> bool:
+    """This pass's positions index datasets that differ by rank (so the index check left it alone)."""
+    return rank_local(evidence.facts.loader_passes.get((key, number), {}).values())
+
+
+def _index_view(evidence: Evidence, key: str, number: int) -> str:
+    """What the sample positions of this pass say: "none" (no positions: an iterable dataset, a
+    sampler of keys), "disjoint" (the ranks drew different positions), "rank-local" (the same
+    positions, into datasets that differ by rank) or "overlapping" (the same positions of one
+    dataset)."""
+    passes = {r: e for r, e in evidence.facts.loader_passes.get((key, number), {}).items() if e.indices is not None}
+    if not passes:
+        return "none"
+    if not overlap({r: distinct_indices(e.indices) for r, e in passes.items()}).shared.size:
+        return "disjoint"
+    return "rank-local" if rank_local(passes.values()) else "overlapping"
 
 
 def _comparable(streams: dict[int, Stream]) -> dict[int, Stream]:
@@ -69,7 +104,7 @@ def _forward_confirms(evidence: Evidence, key: str, number: int) -> Optional[boo
     return any(o.significant for o in judged)
 
 
-def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap, *, indexed: bool,
+def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap, *, view: str,
                     confirmed: Optional[bool], world_size: int) -> Finding:
     event = content.first(streams)
     source = f"the training DataLoader over {event.dataset_type}"
@@ -78,9 +113,14 @@ def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: O
         why = ("an IterableDataset has no sampler: every rank reads what its __iter__ yields"
                + (f"; with num_workers={event.num_workers} sharding by worker alone is not enough, each rank's "
                   "workers read the same shards" if event.num_workers > 1 else ""))
-    elif indexed:
+    elif view == "disjoint":
         fix, why = _FIX_ORDER, ("the sampler indices are disjoint, so the ranks hold the dataset in different orders "
                                 "(a file list shuffled without a fixed seed, or listed in directory order)")
+    elif view == "overlapping":
+        fix, why = _FIX_FORWARD, "the sampler drew the same positions on several ranks"
+    elif view == "rank-local":
+        fix, why = _FIX_RANK_LOCAL, ("each rank built its own dataset (they differ, so a sampler position names a "
+                                     "different sample on each rank), and the samples in them overlap")
     else:
         fix, why = _FIX_FORWARD, "the sampler's draws are not sample positions, so only the content shows it"
     pct = f"{100 * result.fraction:.0f}%"
@@ -94,7 +134,7 @@ def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: O
         fix=fix,
         evidence={"basis": "content", "source": "loader", "loader": key, "pass": number, "epoch": event.epoch,
                   "dataset_type": event.dataset_type, "iterable": event.iterable, "num_workers": event.num_workers,
-                  "forward_overlap": confirmed, "world_size": world_size, **result.as_evidence()})
+                  "indices": view, "forward_overlap": confirmed, "world_size": world_size, **result.as_evidence()})
 
 
 def _eval_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap) -> Optional[Finding]:
@@ -235,13 +275,13 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
                 finding = _forward_finding(key, number, streams, result, evidence.world_size)
         else:
             purpose = _purpose([s.event for s in streams.values()], ddp_job)
-            indexed = _indexed(evidence, key, number)
             if purpose == "training" and result.significant and not content.looks_like_padding(streams, result):
                 confirmed = _forward_confirms(evidence, key, number)
                 if confirmed is not False:
-                    finding = _loader_finding(key, number, streams, result, indexed=indexed, confirmed=confirmed,
-                                              world_size=evidence.world_size)
-            elif purpose == "evaluation" and not indexed and result.shared:
+                    finding = _loader_finding(key, number, streams, result, view=_index_view(evidence, key, number),
+                                              confirmed=confirmed, world_size=evidence.world_size)
+            elif (purpose == "evaluation" and result.shared
+                  and (not _indexed(evidence, key, number) or _rank_local_pass(evidence, key, number))):
                 finding = _eval_finding(key, number, streams, result)
         if finding is not None:
             slot = (source, key, finding.severity)

@@ -11,7 +11,7 @@ from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap
 from ddpdoctor.schema.events import LoaderPass, SamplerInfo
 
 from ._common import fmt_ranks
-from ._content import overlap_findings
+from ._content import overlap_findings, rank_local
 
 ID = "sampler-disjoint"
 
@@ -37,6 +37,13 @@ and the data's own duplicates explain, is an error naming the DataLoader and its
 (or "forward input") and the fix for the pattern: shard the stream by rank and worker, sort or
 seed the file list, use `DistributedSampler`. When the indices already show the overlap, the
 content finding is listed as its consequence.
+
+Indices mean the same sample only when the ranks share one dataset. A dataset each rank builds
+for itself (each rank's slice `files[rank::world_size]` of a file list, as openai/improved-diffusion's
+loader does, or data generated from the rank) holds different samples behind the same positions:
+the ranks' datasets are told apart by a digest of what each holds (its type, length and attributes:
+file lists, arrays, tensors, sampled, never its items), and such passes are judged by content only,
+never by index (both ranks drawing positions 0-7 of their own shards is no overlap).
 
 Coverage is judged against the dataset the sampler samples (a `Subset` from `random_split`
 included). A loader that feeds only a model not trained through DDP (a rank-local reference copy)
@@ -179,11 +186,15 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     return None
 
 
-def _index_findings(evidence: Evidence) -> tuple[list[Finding], dict]:
-    """Findings from the sampler indices (one per loader and severity), and the passes compared."""
+def _index_findings(evidence: Evidence) -> tuple[list[Finding], dict, int]:
+    """Findings from the sampler indices (one per loader and severity), the passes compared, and
+    the number of passes over datasets each rank built for itself (left to the content)."""
     comparable = {k: {r: e for r, e in v.items() if e.num_batches > 0}
                   for k, v in evidence.facts.loader_passes.items()}
     comparable = {k: v for k, v in comparable.items() if len(v) >= 2}
+    # Positions into datasets that differ by rank name different samples: only the content can tell.
+    local = {k for k, v in comparable.items() if rank_local(v.values())}
+    comparable = {k: v for k, v in comparable.items() if k not in local}
     ddp_job = bool(evidence.facts.ddp_wraps)
     first_per_loader: dict[tuple[str, str], Finding] = {}
     affected: Counter = Counter()
@@ -198,20 +209,24 @@ def _index_findings(evidence: Evidence) -> tuple[list[Finding], dict]:
     for slot, finding in first_per_loader.items():
         finding.evidence["num_passes_affected"] = affected[slot]
         findings.append(finding)
-    return findings, comparable
+    return findings, comparable, len(local)
 
 
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
-    findings, comparable = _index_findings(evidence)
+    findings, comparable, num_local = _index_findings(evidence)
     content_findings, num_content = overlap_findings(evidence)
     findings += content_findings
     if not comparable and not num_content and not findings:
-        return CheckResult(summary="no DataLoader pass seen on two ranks", applicable=False)
+        return CheckResult(summary="no DataLoader pass seen on two ranks" if not num_local else
+                           f"{num_local} passes over datasets each rank built itself, too few samples to compare by "
+                           "content", applicable=False)
     loaders = {k[0] for k in comparable}
     clean = (f"{len(comparable)} passes over {len(loaders)} loader(s): shards disjoint" if comparable
              else f"{num_content} passes compared by content: no overlap")
+    if num_local:
+        clean += f" ({num_local} of them over datasets each rank built itself)"
     if not findings:
         return CheckResult(summary=clean)
     worst = [f for f in findings if f.severity != "info"]

@@ -337,7 +337,10 @@ class LoaderPass(Event):
     ``order`` (a digest of the draw order so far) and ``tail`` are cumulative; ``head`` holds the
     pass's first draws. ``final``: the pass ended (``complete``: the loader was exhausted).
     ``dataset_len`` is the length of what the sampler samples, ``base_len`` of the dataset under
-    every Subset, ``domain`` a digest of the Subset's positions (None without a Subset).
+    every Subset, ``domain`` a digest of the Subset's positions (None without a Subset),
+    ``dataset_digest`` a digest of what the dataset under every Subset holds (its type, length and
+    attributes, never its items): ranks that built the same dataset have the same one, so a
+    position names the same sample on each (None: not read).
     """
 
     kind: ClassVar[str] = "loader_pass"
@@ -366,6 +369,7 @@ class LoaderPass(Event):
     head: list = field(default_factory=list)
     tail: list = field(default_factory=list)
     skipped_batches: int = 0  # batches the batch sampler skips before it yields (a resumed epoch: Accelerate's SkipBatchSampler)
+    dataset_digest: Optional[str] = None
 
 
 @dataclass(kw_only=True, slots=True)

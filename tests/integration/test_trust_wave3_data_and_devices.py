@@ -32,6 +32,31 @@ def _consequences(finding: dict) -> set[str]:
     return {c["check"] for c in finding["consequences"]}
 
 
+# -- 1. datasets each rank builds for itself --------------------------------------------------------
+
+def test_a_dataset_per_rank_from_its_shard_of_the_files_is_clean(run_check):
+    """improved-diffusion's loader: both ranks draw positions 0..127 of their own shard of the files."""
+    run = run_check("good_rank_local_shards.py")
+    assert _found(run) == set()
+    assert run.returncode == 0 and run.report["outcome"] == "completed"
+    checks = {c["id"]: c for c in run.report["checks"]}
+    assert checks["sampler-disjoint"]["status"] == "pass"
+    assert "over datasets each rank built itself" in checks["sampler-disjoint"]["summary"]
+
+
+def test_every_rank_building_the_dataset_of_all_files_is_still_an_overlap(run_check):
+    run = run_check("bad_rank_local_full_list.py")
+    assert run.returncode == 1
+    assert _found(run) == {("sampler-disjoint", "error")}
+    (finding,) = run.findings("sampler-disjoint")
+    assert finding["evidence"].get("basis", "indices") == "indices"
+    assert "256 of 256 samples" in finding["message"]
+    assert finding["location"]["line"] == _line_of("bad_rank_local_full_list.py", "return DataLoader(dataset")
+    assert _consequences(finding) == {"sampler-disjoint"}
+    (seen_again,) = finding["consequences"]
+    assert seen_again["evidence"]["basis"] == "content" and seen_again["evidence"]["indices"] == "overlapping"
+
+
 # -- 2. device indices CUDA refuses ------------------------------------------------------------------
 
 def test_launch_era_local_rank_minus_one_fails_at_its_line_as_on_gpus(run_check):

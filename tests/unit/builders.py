@@ -249,10 +249,12 @@ def loader_pass(indices: list[int], *, loader: str = f"{SCRIPT}:12", number: int
                 dataset_len: Optional[int] = None, base_len: Optional[int] = None, domain: Optional[str] = None,
                 complete: bool = True, batch_size: int = 1, drop_last: bool = False,
                 num_batches: Optional[int] = None, order: Optional[str] = None, line: int = 12,
-                final: bool = True, part: int = 0, keep: int = 64) -> ev.LoaderPass:
+                final: bool = True, part: int = 0, keep: int = 64,
+                dataset_digest: Optional[str] = None) -> ev.LoaderPass:
     """A loader_pass event, in draw order. ``steps`` defaults to the number of batches (a training
     pass) and ``ddp_forwards`` to ``steps``; 0 = evaluation. ``final=False``: a part written while
-    the pass was still open (then complete is False)."""
+    the pass was still open (then complete is False). ``dataset_digest``: the dataset's identity
+    (different on ranks that built their own datasets)."""
     batches = -(-len(indices) // batch_size) if num_batches is None else num_batches
     steps = batches if steps is None else steps
     return ev.LoaderPass(loader=loader, number=number, part=part, final=final, complete=complete and final,
@@ -262,7 +264,7 @@ def loader_pass(indices: list[int], *, loader: str = f"{SCRIPT}:12", number: int
                          sampler=sampler or plain_sampler(), site=site(line), batch_size=batch_size,
                          drop_last=drop_last, dataset_len=dataset_len, base_len=base_len or dataset_len,
                          dataset_type="TensorDataset", subset=domain is not None, domain=domain,
-                         head=indices[:keep], tail=indices[-keep:])
+                         head=indices[:keep], tail=indices[-keep:], dataset_digest=dataset_digest)
 
 
 # -- collectives / join ----------------------------------------------------------------------------

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from builders import (SCRIPT, distributed_sampler, distributed_shard, loader_pass, make_evidence, plain_sampler)
+import random
+
+from builders import (SCRIPT, content_pass, ddp_wrap, distributed_sampler, distributed_shard, loader_pass, make_evidence,
+                      plain_sampler)
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.sampler_disjoint import analyze
@@ -14,6 +17,12 @@ def ds_passes(dataset_len, world_size, *, steps=None, number=0, num_replicas=Non
                             sampler=distributed_sampler(world_size, r, dataset_len, num_replicas=num_replicas),
                             dataset_len=dataset_len, steps=steps, number=number, **kwargs)]
             for r in range(world_size)}
+
+
+def corpus(n: int, seed: int = 0) -> list[int]:
+    """n distinct row hashes."""
+    rng = random.Random(seed)
+    return [rng.getrandbits(63) for _ in range(n)]
 
 
 def only_finding(result):
@@ -207,6 +216,58 @@ def test_disjoint_distributed_sampler_shards_are_clean():
     assert result.findings == []
     assert result.status == "pass"
     assert result.summary == "1 passes over 1 loader(s): shards disjoint"
+
+
+# -- datasets each rank builds for itself ------------------------------------------------------------
+
+def _rank_local_passes(rows: dict[int, list[int]], *, digests: dict[int, str], lengths: dict[int, int]) -> dict:
+    """Each rank drew positions 0..n-1 of its own dataset (behind a plain shuffling loader), whose
+    rows (content hashes) are ``rows[rank]``."""
+    return {r: [ddp_wrap(), loader_pass(list(range(lengths[r])), dataset_len=lengths[r], dataset_digest=digests[r]),
+                content_pass(rows[r], iterable=False, dataset_type="ImageFiles")] for r in rows}
+
+
+def test_positions_into_datasets_each_rank_built_are_not_an_overlap():
+    """improved-diffusion's loader: rank r holds files[r::2]; both ranks draw 0..63, different files."""
+    files = corpus(128)
+    evidence = make_evidence(2, _rank_local_passes({0: files[0::2], 1: files[1::2]}, digests={0: "aa", 1: "bb"},
+                                                   lengths={0: 64, 1: 64}))
+    result = analyze(evidence)
+    assert result.findings == []
+    assert result.status == "pass"
+    assert result.summary == ("1 passes compared by content: no overlap (1 of them over datasets each rank built "
+                              "itself)")
+
+
+def test_datasets_of_different_lengths_are_told_apart_without_a_digest():
+    """Evidence without identity digests: shards of an odd file list have different lengths."""
+    files = corpus(129)
+    evidence = make_evidence(2, _rank_local_passes({0: files[0::2], 1: files[1::2]}, digests={0: None, 1: None},
+                                                   lengths={0: 65, 1: 64}))
+    assert analyze(evidence).findings == []
+
+
+def test_rank_local_datasets_whose_samples_overlap_are_an_error_by_content():
+    """Each rank built its own dataset, but from overlapping slices: the content shows it."""
+    files = corpus(384)
+    evidence = make_evidence(2, _rank_local_passes({0: files[:256], 1: files[128:]}, digests={0: "aa", 1: "bb"},
+                                                   lengths={0: 256, 1: 256}))
+    finding = only_finding(analyze(evidence))
+    assert (finding.severity, finding.evidence["basis"], finding.evidence["indices"]) == ("error", "content",
+                                                                                          "rank-local")
+    assert "each rank built its own dataset" in finding.message
+    assert "[rank::world_size]" in finding.fix
+
+
+def test_the_same_dataset_on_every_rank_behind_a_shuffling_loader_is_still_an_index_overlap():
+    files = corpus(64)
+    evidence = make_evidence(2, _rank_local_passes({0: files, 1: files}, digests={0: "aa", 1: "aa"},
+                                                   lengths={0: 64, 1: 64}))
+    findings = analyze(evidence).findings
+    assert [(f.severity, f.evidence.get("basis", "indices")) for f in findings] == [("error", "indices"),
+                                                                                   ("error", "content")]
+    assert findings[1].evidence["indices"] == "overlapping"
+    assert "the sampler drew the same positions on several ranks" in findings[1].message
 
 
 # -- not applicable --------------------------------------------------------------------------------

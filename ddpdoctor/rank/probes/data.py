@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ddpdoctor.rank import bounds, callsite
+from ddpdoctor.rank.dataset_identity import dataset_digest
 from ddpdoctor.rank.feeding import Fed, FeedTracker
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes.patching import patch
@@ -37,6 +38,7 @@ PROBE = "data"
 # loader is pickled, copied and inspected by frameworks that rebuild it from its attributes).
 SITES: SideTable[list] = SideTable()  # DataLoader -> the user's line that built it
 DOMAINS: SideTable[str] = SideTable()  # DataLoader over a Subset -> digest of the base positions it covers
+IDENTITIES: SideTable[Optional[str]] = SideTable()  # dataset under every Subset -> digest of what it holds
 PASSES: SideTable["_Pass"] = SideTable()  # DataLoader iterator -> its open pass
 HEAD_TAIL = 64  # at least this many first and last draws kept in order, to recognise wrap-around padding
 EVERY_BATCH = 20  # the first batches of a pass are written one by one: early crashes lose nothing
@@ -94,6 +96,7 @@ class _Pass:
             "dataset_type": type(base).__name__,
             "subset": base is not loader.dataset,
             "domain": _domain_digest(loader),
+            "dataset_digest": _identity(base),
             "skipped_batches": _skipped_batches(loader),
         }
         self.keep = min(1024, max(HEAD_TAIL, 2 * (loader.batch_size or 1)))
@@ -204,6 +207,16 @@ def _domain_digest(loader: DataLoader) -> Optional[str]:
         positions = _to_base_indices(loader.dataset, np.arange(len(loader.dataset), dtype=np.int64))
         cached = hashlib.blake2b(positions.astype("<i8").tobytes(), digest_size=8).hexdigest()
         DOMAINS.set(loader, cached)
+    return cached
+
+
+def _identity(dataset: Any) -> Optional[str]:
+    """The dataset's identity digest, read once per dataset (at its first pass, before a cache it
+    fills while training could make the ranks' copies of one dataset differ)."""
+    cached = IDENTITIES.get(dataset)
+    if cached is None:
+        cached = dataset_digest(dataset)
+        IDENTITIES.set(dataset, cached)
     return cached
 
 
