@@ -129,17 +129,48 @@ def resolve_commit(gdir: Path, repo: str, commit: str | None) -> tuple[str, str]
     return head, f"{why}; used HEAD {head[:12]}"
 
 
-def extract(gdir: Path, commit: str, paths: list[str], dest: Path, repo: str) -> None:
-    """`git archive` of the named subtrees; a path gone from that commit is said, not crashed on."""
+def extract(gdir: Path, commit: str, paths: list[str], dest: Path, repo: str) -> str:
+    """`git archive` of the named subtrees; a path gone from that commit is said, not crashed on.
+
+    Snapshots lack files of 4 MiB and more (and LFS content): when the archive fails on such a
+    missing blob, the readable files are extracted one by one and the note says how many are absent.
+    """
     for path in paths:
         if path in (".", ""):
             continue
         listed = str(git(gdir, "ls-tree", commit, "--", path.rstrip("/"))).strip()
         if not listed:
             raise CannotRun(f"{repo}: path {path!r} is not at commit {commit[:12]}")
-    archive = git(gdir, "archive", "--format=tar", commit, "--", *paths, binary=True)
+    try:
+        archive = git(gdir, "archive", "--format=tar", commit, "--", *paths, binary=True)
+    except CannotRun:
+        return extract_blobs(gdir, commit, paths, dest)
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
+    return ""
+
+
+def extract_blobs(gdir: Path, commit: str, paths: list[str], dest: Path) -> str:
+    """File by file through `git cat-file --batch`, skipping blobs the snapshot does not hold."""
+    listing = str(git(gdir, "ls-tree", "-r", "-z", commit, "--", *[p for p in paths if p not in (".", "")]))
+    entries = [line.split("\t", 1) for line in listing.split("\0") if line]
+    blobs = [(meta.split()[2], path) for meta, path in entries if meta.split()[1] == "blob"]
+    batch = subprocess.run(["git", f"--git-dir={gdir}", "cat-file", "--batch"], capture_output=True,
+                           input="".join(f"{sha}\n" for sha, _ in blobs).encode())
+    out, pos, absent = batch.stdout, 0, []
+    for sha, path in blobs:
+        header_end = out.index(b"\n", pos)
+        header = out[pos:header_end].decode()
+        pos = header_end + 1
+        if header.endswith("missing"):
+            absent.append(path)
+            continue
+        size = int(header.split()[2])
+        target = dest / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(out[pos:pos + size])
+        pos += size + 1
+    return f"{len(absent)} file(s) absent from the snapshot (e.g. {absent[0]})" if absent else ""
 
 
 def apply_edit(root: Path, edit: dict, kind: str) -> None:
@@ -160,7 +191,8 @@ def prepare(case: Case, repos: dict[str, dict], snapshots: Path, work: Path) -> 
     """Extract, adapt, mutate and generate inputs in `work`; returns a note (commit fallback) or ''."""
     gdir = git_dir(snapshots, case.repo)
     commit, note = resolve_commit(gdir, case.repo, repos.get(case.repo, {}).get("commit"))
-    extract(gdir, commit, case.extract, work, case.repo)
+    absent = extract(gdir, commit, case.extract, work, case.repo)
+    note = "; ".join(n for n in (note, absent) if n)
     for edit in case.adaptations:
         apply_edit(work, edit, "adaptation")
     if case.mutation:
