@@ -9,6 +9,7 @@ from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure
+from ddpdoctor.analysis.postmortem import timed_out_ranks
 from ddpdoctor.analysis.trace import Mismatch, RankTrace, TraceEntry
 from ddpdoctor.schema.observations import StopSnapshot
 
@@ -42,6 +43,12 @@ A rank busy in code that is not communication (a large `torch.save`, a DataLoade
 slow storage, its own computation) is not hung: the job counts as hung only when every rank still
 running waits for its peers. A stall that is not provably a hang is reported as "no progress"
 with the stacks, and stops the job only after ten times the hang timeout.
+
+`ddpdoctor analyze` judges the ranks' flight recorder dumps the same way, with one more proof: a
+rank's collective that had been pending for its whole timeout (the `timeout_ms` its entry records)
+when the rank dumped. The watchdog dumps at that moment (NCCL with TORCH_NCCL_DUMP_ON_TIMEOUT), so
+the job did hang: a rank that was in its own code then never came, and it is the error, named at
+the last line its dump shows. Dumps taken on demand, or at a stop from outside, prove no timeout.
 
 ## Why it matters
 A collective called by only some ranks (a barrier under `if rank == 0:`, a metric all_reduce inside
@@ -189,9 +196,12 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
             evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states,
                       "sequence": None if mismatch is None else mismatch.n,
                       "group": None if mismatch is None or mismatch.group is None else list(mismatch.group)})
+    timed_out = timed_out_ranks(stop) if evidence.post_mortem and others else []
+    if timed_out:  # the watchdog's dumps: the others' collective timed out while these ranks were elsewhere
+        return _never_arrived_finding(evidence, stop, states, timed_out, others, mismatch,
+                                      f"{'; '.join(lines)}{tail}{detail}", location)
     message = f"the job hung: {'; '.join(lines) or 'no rank made progress'}{tail}{detail}"
-    center = mismatch.n if mismatch is not None and mismatch.group is None else max((t.numbered_to for t in evidence.facts.world_traces.values()),
-                                                          default=0)
+    center = _center(evidence, mismatch)
     return Finding(
         check=ID, severity="error", ranks=tuple(sorted(int(r) for r in states)), location=location, message=message,
         fix=("Make every rank call the same collectives in the same order: move collectives out of rank-specific "
@@ -203,6 +213,52 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                   "culprit_phase": None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
                   "timeline": _timeline(evidence.facts.world_traces, center)},
     )
+
+
+def _never_arrived_finding(evidence: Evidence, stop: StopSnapshot, states: dict[str, dict], timed_out: list[int],
+                           stuck: list[int], mismatch: Optional[Mismatch], said: str,
+                           location: Optional[Location]) -> Finding:
+    """A post-mortem whose dumps the watchdog wrote when a collective timed out, while ``stuck`` were
+    in no collective: they never arrived, and the job hung on them. They are the finding, at the
+    line their dumps last show them (a rank-only collective the waiting ranks made stays the cause)."""
+    if mismatch is None or not mismatch.only_some_ranks(mismatch.present[mismatch.culprit()]):
+        location = _last_seen(states, stuck) or location
+    timeout = stop.threshold_s
+    message = (f"the job hung: {_some_ranks(stuck)} never reached the collective {_some_ranks(timed_out)} "
+               f"{'was' if len(timed_out) == 1 else 'were'} waiting in, which timed out after {timeout:g}s, and the "
+               f"watchdog dumped every rank: {said}")
+    return Finding(
+        check=ID, severity="error", ranks=tuple(stuck), location=location, message=message,
+        fix=(f"Find why {_some_ranks(stuck)} stayed in {'its' if len(stuck) == 1 else 'their'} own code after "
+             "the last collective shown: a wait only some ranks run (a file, a lock, an input that never comes), a "
+             "loop that never ends, or work far slower than on the other ranks. If that work is legitimately long "
+             "(a checkpoint, an evaluation on one rank), make every rank wait for it in a collective with a longer "
+             "timeout (init_process_group(timeout=...), or a barrier with one)."),
+        evidence={"kind": "hang", "threshold_s": timeout, "timeout_s": timeout, "ranks": states,
+                  "culprit": stuck[0], "called_by": timed_out, "never_called_by": stuck,
+                  "first_divergence": None if mismatch is None or mismatch.group else mismatch.n,
+                  "sequence": None if mismatch is None else mismatch.n,
+                  "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
+                  "culprit_phase": None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
+                  "timeline": _timeline(evidence.facts.world_traces, _center(evidence, mismatch))},
+    )
+
+
+def _center(evidence: Evidence, mismatch: Optional[Mismatch]) -> int:
+    """The world collective a hang's timeline is drawn around: the first divergence, else the last."""
+    if mismatch is not None and mismatch.group is None:
+        return mismatch.n
+    return max((t.numbered_to for t in evidence.facts.world_traces.values()), default=0)
+
+
+def _last_seen(states: dict[str, dict], ranks: list[int]) -> Optional[Location]:
+    """Where the first of ``ranks`` was last seen: its stack's own line, else its last collective's."""
+    for r in ranks:
+        state = states[str(r)]
+        site = state.get("where") or (state.get("last_collective") or {}).get("site") or {}
+        if site.get("file") and site.get("line"):
+            return Location(file=site["file"], line=int(site["line"]))
+    return None
 
 
 def _some_ranks(ranks: list[int]) -> str:

@@ -9,9 +9,12 @@ state the dumps were taken in becomes the monitor's :class:`StopSnapshot`:
 - a rank with a collective enqueued and not completed *waits* in it (its stack: the collective's);
 - a rank whose collectives all completed is *computing*: not inside a collective, in its own code
   after its last one (a dump holds no stack of the moment it was taken);
-- the job is *hung* when every rank that left a dump waits, *not progressing* when some wait while
-  others are elsewhere (the live monitor's policy, so both report the same), and not stopped at
-  all when nothing was pending;
+- the job is *hung* when every rank that left a dump waits, or when a rank's pending collective had
+  outlived its timeout (``timeout_ms``) when the dump was written: the backend's watchdog fires at
+  that timeout, dumps, and ends the job, so whatever the other ranks were doing, they never came;
+  *not progressing* when some wait while others are elsewhere and no timeout expired (an outside
+  stop: the live monitor's policy, so both report the same), and not stopped at all when nothing
+  was pending;
 - unless a rank failed on its own (an exception that is not a peer's symptom, or a signal to a
   rank that was not waiting): then that failure is the cause and the waiting ranks its victims.
 """
@@ -31,7 +34,7 @@ from ddpdoctor.analysis.fr_pack import Packer, Unpacker
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
 from ddpdoctor.schema.observations import Heartbeat, Observations, RankState, StopSnapshot
 
-__all__ = ["Inputs", "PostMortem", "discover", "load", "PROBE"]
+__all__ = ["Inputs", "PostMortem", "discover", "load", "timed_out_ranks", "PROBE"]
 
 PROBE = "flight-recorder"  # what the report names when a dump could not show something
 Classify = Callable[[list, Optional[Heartbeat]], tuple[str, Optional[str]]]
@@ -372,9 +375,32 @@ def _snapshot(converted: dict[int, ConvertedRank], meta: dict, missing: list[int
                                     stalled_s=max(0.0, dumped_at - last_t))
     for rank in missing:
         ranks[rank] = RankState(rank=rank, state="no dump")
+    stop = StopSnapshot(reason="no-progress", threshold_s=threshold or 0.0, ranks=ranks, t=min(started))
     waiting = all(s.state == "waiting" for r, s in ranks.items() if r not in missing)
-    return StopSnapshot(reason="hang" if waiting else "no-progress", threshold_s=threshold or 0.0, ranks=ranks,
-                        t=min(started))
+    if waiting or timed_out_ranks(stop):
+        stop.reason = "hang"
+    return stop
+
+
+# How long after a collective's timeout its watchdog may take to dump: NCCL's heartbeat monitor waits
+# up to 8 minutes (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=480) for a stuck watchdog before it dumps itself.
+WATCHDOG_DUMP_DELAY_S = 600.0
+
+
+def timed_out_ranks(stop: StopSnapshot) -> list[int]:
+    """Of a post-mortem's snapshot, the ranks whose pending collective had waited its whole timeout
+    (``threshold_s``: the longest timeout the dumps record) when they dumped, and not much longer:
+    the watchdog fires at that moment and dumps, so these dumps are its, and the job did hang.
+
+    A dump carries no time of its own: its file's modification time stands for it. A copy that did
+    not keep that time (a checkout, ``cp`` without ``-p``) is written later, which would make any
+    pending collective look timed out; a wait far past the timeout, later than any watchdog dumps,
+    is therefore not taken as one."""
+    timeout = stop.threshold_s
+    if not timeout:
+        return []
+    return sorted(r for r, s in stop.ranks.items() if s.state == "waiting"
+                  and timeout <= (s.stalled_s or 0.0) <= timeout + WATCHDOG_DUMP_DELAY_S)
 
 
 def _notes(converted: dict[int, ConvertedRank], meta: dict, missing: list[int], evidence: Evidence) -> list[str]:

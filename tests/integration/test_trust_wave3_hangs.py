@@ -13,8 +13,18 @@ report. Real torchrun, 2 gloo ranks on CPU.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, once_per_session
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fr_harness"))
+from fr_launch import run_with_recorder  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -81,3 +91,82 @@ def test_the_barrier_outside_the_save_block_is_clean(run_check):
     assert run.report is not None, run.output[-3000:]
     assert _found(run) == set(), run.output[-3000:]
     assert run.returncode == 0 and run.report["outcome"] == "completed"
+
+
+# -- a post-mortem of a rank stuck in its own code -----------------------------------------------------
+
+STUCK = "hang_rank_stuck_in_own_code.py"
+
+
+@pytest.fixture
+def recorded(tmp_path_factory):
+    """``recorded(fixture, **options)``: the folder of one plain-torchrun run of the fixture under the
+    dump harness (tests/integration/fr_harness, its watchdog's timeout 3 s), made once per session;
+    the key of a plain recording is test_postmortem.py's, so both share it."""
+
+    def record(fixture: str, **options) -> Path:
+        key = ("recorded", fixture, 2) if not options else ("recorded", fixture, 2, sorted(options.items()))
+        with once_per_session(tmp_path_factory, key) as folder:
+            dumps = folder / "dumps"
+            if not (folder / "done").exists():
+                run_with_recorder(fixture, dumps, **options)
+                (folder / "done").touch()
+        return dumps
+
+    return record
+
+
+def _analyze(*paths: Path, tmp_path: Path) -> tuple[int, Optional[dict], str]:
+    report = tmp_path / "analyze.json"
+    proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "analyze", *map(str, paths), "--json", str(report),
+                           "--plain"], capture_output=True, text=True, timeout=120, env={**os.environ, "NO_COLOR": "1"})
+    return proc.returncode, json.loads(report.read_text()) if report.exists() else None, proc.stdout + proc.stderr
+
+
+def _found_in(report: dict) -> set[tuple[str, str]]:
+    return {(f["check"], f["severity"]) for f in report["findings"]}
+
+
+def test_dumps_the_watchdog_wrote_prove_the_hang_of_the_rank_stuck_in_its_own_code(recorded, tmp_path):
+    """Rank 0's DDP all-reduce #9 outlived its timeout while rank 1, after #8, computed: the job hung on rank 1."""
+    code, post, output = _analyze(recorded(STUCK), tmp_path=tmp_path)
+    assert code == 1 and post is not None, output[-3000:]
+    assert post["outcome"] == "hung"
+    assert _found_in(post) == {("collective-hang", "error")}, output[-3000:]
+    (root,) = post["findings"]
+    assert root["message"].startswith("the job hung: rank 1 never reached the collective rank 0 was waiting in, "
+                                      "which timed out after 3s, and the watchdog dumped every rank: "), root["message"]
+    assert "rank 1 is not inside a collective: stuck in its own code after _synthetic.py:" in root["message"]
+    assert root["ranks"] == [1] and root["evidence"]["culprit"] == 1
+    assert root["evidence"]["never_called_by"] == [1] and root["evidence"]["called_by"] == [0]
+    assert root["evidence"]["sequence"] == 9 and root["evidence"]["timeout_s"] == 3
+    # Rank 1's line is the one its dump records last: its all-reduce #8, in train_step's backward.
+    location = root["location"]
+    assert (os.path.basename(location["file"]), location["line"]) == \
+        ("_synthetic.py", _line_of("_synthetic.py", "loss.backward()"))
+    assert {c["check"] for c in root["consequences"]} == set()
+    assert "ERROR collective-hang" in output
+
+
+def test_dumps_ddpdoctor_kept_when_it_stopped_the_stall_itself_prove_no_hang(run_check, tmp_path):
+    """The same job stopped by `check` (no progress for 10x --hang-timeout), long before any
+    collective's timeout: its dumps show the stall, not a hang, so a warning stays a warning."""
+    kept = tmp_path / "kept"
+    live = run_check(STUCK, "--hang-timeout", "2", "--keep-evidence", str(kept))
+    assert {(f["check"], f["severity"]) for f in live.findings()} == {("collective-hang", "warning")}
+    code, post, output = _analyze(kept, tmp_path=tmp_path)
+    assert post is not None, output[-3000:]
+    assert _found_in(post) == {("collective-hang", "warning")}, output[-3000:]
+    (finding,) = post["findings"]
+    assert finding["evidence"]["kind"] == "no-progress" and "not proven to be a hang" in finding["message"]
+    assert code == 1
+
+
+def test_dumps_of_a_slow_rank_that_arrived_in_time_are_clean(recorded, tmp_path):
+    """The known-good twin: rank 0 computes in its own code (a slow read) while rank 1 waits in DDP's
+    all-reduce, for 1 s of the watchdog's 3 s; every rank dumps as the job ends."""
+    dumps = recorded("good_slow_rank.py", dump_at_exit=True, env_extra={"SLOW_SECONDS": "1"})
+    code, post, output = _analyze(dumps, tmp_path=tmp_path)
+    assert post is not None, output[-3000:]
+    assert _found_in(post) == set(), output[-3000:]
+    assert code == 0 and post["outcome"] == "completed"

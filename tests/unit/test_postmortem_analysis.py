@@ -148,6 +148,8 @@ def test_a_rank_only_collective_is_the_first_divergence_with_each_ranks_line():
 
 def test_a_rank_stuck_in_its_own_code_is_named_after_its_last_collective():
     finding = _root(DATA / "stuck")
+    # A warning: these files' times are their checkout's, long after any watchdog dumps, so they prove
+    # no timeout (the dumps the watchdog wrote: the timeout tests below, and test_trust_wave3_hangs.py).
     assert (finding.check, finding.severity) == ("collective-hang", "warning")
     assert "rank 1 is not inside a collective: stuck in its own code after _synthetic.py:82 (train_step)" \
         in finding.message
@@ -359,3 +361,54 @@ def test_a_post_mortem_says_the_dumps_not_ddpdoctor_stopped_the_ranks():
     finding = _root(DATA / "stuck")
     assert "when the ranks dumped" in finding.message and "the job was stopped" not in finding.message
     assert {rank: state["steps"] for rank, state in finding.evidence["ranks"].items()} == {"0": None, "1": None}
+
+
+# -- dumps the watchdog wrote on a timeout, and dumps it did not -------------------------------------------
+
+T0 = 1_800_000_000  # when rank 0's all_reduce #3 was enqueued (s)
+
+
+def _record_stuck_rank(folder: Path, *, dumped_after_s: float, timeout_s: float = 10.0) -> None:
+    """Rank 0 waits in all_reduce #3 (train.py:31); rank 1 completed #2 at the same line and was in
+    its own code since. Both dumps are written ``dumped_after_s`` after #3 was enqueued."""
+    def entry(record: int, n: int, state: str, line: int) -> dict:
+        created = T0 if state != "completed" else T0 - 10 + record
+        return {**_nccl_entry(record, n, "nccl:all_reduce", line=line, state=state),
+                "time_created_ns": created * 10**9, "timeout_ms": int(timeout_s * 1000)}
+
+    done = [entry(0, 1, "completed", 30), entry(1, 2, "completed", 31)]
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    for rank, entries in ((0, [*done, entry(2, 3, "started", 31)]), (1, done)):
+        path = folder / f"nccl_trace_rank_{rank}"
+        with open(path, "wb") as f:
+            pickle.dump({"version": "2.10", "pg_config": config, "pg_status": {}, "entries": entries}, f)
+        os.utime(path, (T0 + dumped_after_s, T0 + dumped_after_s))
+
+
+def test_a_collective_that_outlived_its_timeout_proves_the_hang_on_the_rank_that_never_came(tmp_path):
+    """The watchdog dumps when a collective times out: rank 1 was elsewhere for the whole timeout."""
+    _record_stuck_rank(tmp_path, dumped_after_s=10.5)
+    report = analyze([str(tmp_path)]).report
+    (finding,) = report.findings
+    assert (finding.check, finding.severity, finding.ranks) == ("collective-hang", "error", (1,))
+    assert finding.location.line == 31 and finding.evidence["culprit"] == 1
+    assert finding.message.startswith("the job hung: rank 1 never reached the collective rank 0 was waiting in, "
+                                      "which timed out after 10s, and the watchdog dumped every rank: ")
+    assert report.outcome == "hung"
+
+
+def test_dumps_written_before_any_timeout_show_a_stall_not_a_hang(tmp_path):
+    """Dumps taken on demand, or by a stop from outside, 4 s into a 10 s timeout: rank 1 may still
+    have come, so the stall is a warning, as the live monitor says."""
+    _record_stuck_rank(tmp_path, dumped_after_s=4.0)
+    (finding,) = analyze([str(tmp_path)]).report.findings
+    assert (finding.check, finding.severity) == ("collective-hang", "warning")
+    assert finding.evidence["kind"] == "no-progress" and "not proven to be a hang" in finding.message
+
+
+def test_dumps_whose_file_times_were_lost_in_a_copy_prove_no_timeout(tmp_path):
+    """A copy that did not keep the files' times (a checkout, cp without -p) makes them look written
+    long after the collective began, later than any watchdog dumps: no proof of a timeout."""
+    _record_stuck_rank(tmp_path, dumped_after_s=10 * 86400.0)
+    (finding,) = analyze([str(tmp_path)]).report.findings
+    assert (finding.check, finding.severity) == ("collective-hang", "warning")

@@ -13,11 +13,15 @@ it, so the fixtures run unchanged under plain torchrun:
 
 Dumps are the pickle ``_dump_fr_trace`` returns (``FR_HARNESS_FORMAT=json``: the JSON twin),
 written to ``$TORCH_FR_DUMP_TEMP_FILE<rank>``: NCCL's file naming. A killed rank leaves none, as in
-production.
+production. Each entry's ``timeout_ms`` is this watchdog's timeout (FR_HARNESS_TIMEOUT), the one it
+applied, as NCCL's dumps record the timeout its watchdog applies (gloo records its process group's,
+30 minutes, which no test waits for). ``FR_HARNESS_DUMP_AT_EXIT=1``: every rank also dumps when its
+script ends, as a job that dumps its recorder on the way out does.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
@@ -58,14 +62,23 @@ def dump() -> None:
         if _dumped.is_set():
             return
         if os.environ.get("FR_HARNESS_FORMAT") == "json":  # the JSON twin: no Python stacks
-            data = c10d._dump_fr_trace_json(True, False)
+            data = _with_timeout(c10d._dump_fr_trace_json(True, False), json.loads, json.dumps)
         else:
-            data = c10d._dump_fr_trace(True, True, False)
+            data = _with_timeout(c10d._dump_fr_trace(True, True, False), pickle.loads, pickle.dumps)
         tmp = f"{_PREFIX}{_RANK}.tmp"
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, f"{_PREFIX}{_RANK}")
         _dumped.set()
+
+
+def _with_timeout(data, loads, dumps):
+    """The dump with this watchdog's timeout as every entry's ``timeout_ms``."""
+    state = loads(data)
+    for entry in state.get("entries") or []:
+        entry["timeout_ms"] = int(_TIMEOUT_S * 1000)
+    out = dumps(state)
+    return out.encode() if isinstance(out, str) else out
 
 
 def _c10d_any():
@@ -142,6 +155,8 @@ def start() -> None:
     SIGTERM gets a Python handler only so that its wakeup byte reaches the watchdog even while the
     main thread is blocked in a collective, where no Python handler could run."""
     sys.excepthook = _excepthook(sys.excepthook)
+    if os.environ.get("FR_HARNESS_DUMP_AT_EXIT") == "1":
+        atexit.register(dump)
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)

@@ -15,14 +15,18 @@ DUMP_PREFIX = "fr_trace_rank_"
 
 
 def run_with_recorder(fixture: str, out: Path, *, nproc: int = 2, timeout_s: float = 3.0,
-                      buffer_size: Optional[int] = None, fmt: str = "pickle", limit_s: float = 180) -> int:
+                      buffer_size: Optional[int] = None, fmt: str = "pickle", limit_s: float = 180,
+                      dump_at_exit: bool = False, env_extra: Optional[dict] = None) -> int:
     """torchrun FIXTURE on ``nproc`` gloo ranks; returns torchrun's exit status. ``out`` receives
-    ``fr_trace_rank_<rank>`` dumps, ``logs/`` (torchrun --log-dir: error files) and ``torchrun.log``."""
+    ``fr_trace_rank_<rank>`` dumps, ``logs/`` (torchrun --log-dir: error files) and ``torchrun.log``.
+    ``timeout_s``: the harness watchdog's collective timeout; ``dump_at_exit``: every rank also dumps
+    as its script ends; ``env_extra``: more variables for the script."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update({"PYTHONPATH": os.pathsep.join([str(HARNESS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
                 "TORCH_FR_DUMP_TEMP_FILE": str(out / DUMP_PREFIX), "FR_HARNESS_TIMEOUT": str(timeout_s),
-                "FR_HARNESS_FORMAT": fmt, "OMP_NUM_THREADS": "1"})
+                "FR_HARNESS_FORMAT": fmt, "OMP_NUM_THREADS": "1",
+                "FR_HARNESS_DUMP_AT_EXIT": "1" if dump_at_exit else "0", **(env_extra or {})})
     env.pop("TORCH_FR_BUFFER_SIZE", None)
     if buffer_size is not None:
         env["TORCH_FR_BUFFER_SIZE"] = str(buffer_size)
