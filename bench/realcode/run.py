@@ -227,7 +227,10 @@ def run_doctor(case: Case, python: str, work: Path, out: Path, timeout: float) -
            *case.options, *(["--", *case.args] if case.args else [])]
     env = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "disabled",
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", **case.env}
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
+           # a cache per case: the datasets cache keys local data by relative path, so cases would share it
+           "HF_DATASETS_CACHE": str(work / ".cache" / "datasets"), "HF_MODULES_CACHE": str(work / ".cache" / "modules"),
+           **case.env}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(work / case.cwd), env.get("PYTHONPATH", "")) if p)
     (out / "command.txt").write_text(" ".join(cmd) + f"\n(cwd {work / case.cwd})\n")
     start = time.monotonic()
