@@ -87,7 +87,11 @@ def _expected_unseen(sampler: SamplerInfo, loader_drop_last: bool, batch_size: O
 def _is_wraparound(events: dict[int, LoaderPass], drawn_sets: Overlap, world_size: int) -> bool:
     """Padding by wrap-around, as any sampler that evens out the last batches does (DistributedSampler,
     Accelerate's even_batches): a few extra draws, each in the last batch of some rank and repeating
-    a sample from the first batch of some rank."""
+    a sample from the first batch of some rank. Only complete passes reached their last batches: in
+    a pass cut short after its first batch (a crash), that batch is both first and last, and any
+    sample two ranks happened to draw would look like padding."""
+    if not all(e.complete for e in events.values()):
+        return False
     drawn, union = drawn_sets.drawn, drawn_sets.union
     batch = max(e.batch_size or -(-(e.num_samples or 0) // max(e.num_batches, 1)) or 1 for e in events.values())
     extra = drawn - union

@@ -129,8 +129,9 @@ def overlap(streams: dict[int, Stream]) -> Overlap:
 def looks_like_padding(streams: dict[int, Stream], result: Overlap) -> bool:
     """Shared rows that only even out the last batches by wrapping around to the first samples
     (DistributedSampler's padding, Accelerate's even_batches): few, each in some rank's last
-    batches and in some rank's first ones."""
-    if not result.shared:
+    batches and in some rank's first ones, in passes that reached their end (in a pass cut short
+    after its first batch, that batch is both first and last)."""
+    if not result.shared or not all(s.event.complete for s in streams.values()):
         return False
     batch = max(s.event.batch_rows for s in streams.values()) or 1
     if result.num_shared > len(streams) * batch:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from builders import (SCRIPT, content_pass, ddp_wrap, distributed_sampler, distributed_shard, loader_pass, make_evidence,
-                      plain_sampler)
+from builders import (SCRIPT, content_pass, ddp_wrap, distributed_sampler, distributed_shard, loader_pass,
+                      make_evidence, plain_sampler)
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.sampler_disjoint import analyze
@@ -162,6 +162,18 @@ def test_distributed_sampler_padding_on_an_evaluation_loader_is_a_warning():
     assert "padded the evaluation DataLoader with 1 repeated samples" in finding.message
     assert "count them twice" in finding.message
     assert result.status == "warn"
+
+
+def test_a_pass_cut_short_after_its_first_batch_is_not_padding():
+    """Ranks that crashed in their first forward: the one batch each drew is both first and last,
+    and the few samples two shuffling ranks happened to share are no wrap-around."""
+    evidence = make_evidence(2, {0: [loader_pass([5, 9, 40, 77], dataset_len=256, batch_size=4, steps=0,
+                                                 complete=False)],
+                                 1: [loader_pass([9, 12, 100, 200], dataset_len=256, batch_size=4, steps=0,
+                                                 complete=False)]})
+    finding = only_finding(analyze(evidence))
+    assert "padded" not in finding.message
+    assert finding.evidence["num_shared"] == 1
 
 
 def test_more_duplicates_than_the_padding_are_an_overlap():
