@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding
+from typing import Optional
+
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import InitProcessGroup, Step
+from ddpdoctor.schema.events import DataParallelWrap, InitProcessGroup, Step
 
 from ._common import first_site
 
@@ -17,6 +19,13 @@ Says plainly when there was nothing distributed to check: the script never calle
 `DistributedDataParallel` (then gradients are only in sync if the script averages them by hand,
 which the gradient-sync check verifies).
 
+A model wrapped in single-process `nn.DataParallel` (and in no DDP) under a multi-process launch
+is named as the cause, at the line that wraps it, with or without a process group: DataParallel
+splits each batch over the GPUs of its own process only, so `torchrun --nproc-per-node=N` runs N
+copies, each over all the GPUs it sees, and nothing is averaged across processes. What follows
+from it (every process drawing the whole dataset, replicas that drift apart) is listed as its
+consequence.
+
 ## Why it matters
 Launched with torchrun, a script that never joins a process group trains N independent copies of
 the same model on the same data: N times the cost for one model's worth of training, and every
@@ -27,6 +36,8 @@ copy writes the same files.
 model = Net()
 for x, y in DataLoader(dataset, shuffle=True):
     ...                                   # no init_process_group, no DDP
+
+model = nn.DataParallel(Net()).to(device) # under torchrun: one independent copy per process
 ```
 
 ## Use instead
@@ -35,7 +46,40 @@ dist.init_process_group(backend)          # "nccl" on GPUs, "gloo" on CPUs
 model = DistributedDataParallel(Net().to(device), device_ids=[local_rank] if cuda else None)
 sampler = DistributedSampler(dataset)
 ```
+or keep `nn.DataParallel` and start one plain `python train.py` process instead of torchrun.
 """
+
+_DATA_PARALLEL_FIX = (
+    "Use one process per GPU with DDP: `dist.init_process_group(\"nccl\")`, "
+    "`torch.cuda.set_device(local_rank)` with `local_rank = int(os.environ[\"LOCAL_RANK\"])`, "
+    "`model = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])` and a `DistributedSampler` "
+    "for the data; or keep nn.DataParallel and start one plain `python train.py` process, not torchrun.")
+
+
+def _data_parallel(evidence: Evidence) -> Optional[tuple[Optional[Location], DataParallelWrap]]:
+    """Where the first model was wrapped in nn.DataParallel, when ranks of a multi-process launch did."""
+    if len(evidence.ranks) < 2:
+        return None  # one process: DataParallel is how it uses its GPUs
+    for _, event in evidence.events(DataParallelWrap):
+        return Location.from_site(event.site), event
+    return None
+
+
+def _data_parallel_finding(evidence: Evidence, where: tuple[Optional[Location], DataParallelWrap], *,
+                           process_group: bool) -> Finding:
+    location, event = where
+    ranks = tuple(sorted(evidence.ranks))
+    wrapped = (f"the model ({event.module}) is wrapped in nn.DataParallel" +
+               ("" if process_group else " and the script never called torch.distributed.init_process_group"))
+    tail = (f"each of the {len(ranks)} processes trains its own copy over the GPUs it sees (DataParallel splits "
+            "batches within one process only) and nothing is averaged across processes")
+    return Finding(
+        check=ID, severity="error", ranks=ranks, location=location,
+        message=(f"{wrapped}, not in DistributedDataParallel: {tail}" if process_group else f"{wrapped}: {tail}"),
+        fix=_DATA_PARALLEL_FIX,
+        evidence={"kind": "data-parallel" if process_group else "no-process-group", "module": event.module,
+                  "device_ids": list(event.device_ids),
+                  "processes": len(evidence.ranks) + (1 if evidence.unranked else 0)})
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -45,6 +89,11 @@ def analyze(evidence: Evidence) -> CheckResult:
     if facts.failures or evidence.stop is not None:
         # The script did not run to its end: what it never reached proves nothing (rank-failure says why).
         return CheckResult(summary="the job did not run to its end", applicable=False)
+    data_parallel = None if facts.ddp_wraps else _data_parallel(evidence)
+    if data_parallel is not None:
+        summary = "nn.DataParallel in every process" + ("" if facts.has_process_group else ", no process group")
+        return CheckResult(summary=summary, findings=[
+            _data_parallel_finding(evidence, data_parallel, process_group=facts.has_process_group)])
     if not facts.has_process_group:
         ranks = tuple(sorted(evidence.ranks))
         copies = f"{len(ranks)} independent copies of the script ran" if len(ranks) > 1 else "the script ran alone"

@@ -116,8 +116,9 @@ RULES: tuple[Rule, ...] = (
     Rule("unused parameters crash DDP", _is("unused-parameters", severities=("error",)),
          lambda f, _c: (f.check == "rank-failure" and bool(f.evidence.get("reduction_error")))
          or (f.check == "gradient-sync" and f.evidence.get("case") == "reduction-incomplete")),
-    # No process group at all: independent copies of the script; what they disagree on follows.
-    Rule("never distributed", _is("not-distributed", kind="no-process-group"),
+    # No process group at all, or nn.DataParallel in every process: independent copies of the
+    # script; what they disagree on follows.
+    Rule("never distributed", _is("not-distributed", kind=("no-process-group", "data-parallel")),
          lambda f, _c: f.check in ("sampler-disjoint", "gradient-sync", "set-epoch", "uneven-inputs")),
     # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
     Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed")),

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Optional, TypeVar
 
 __all__ = [
     "SCHEMA_VERSION", "EVENT_KINDS", "Event", "UnknownEvent", "SamplerInfo", "ProcessStart", "InitProcessGroup",
-    "DestroyProcessGroup", "DDPWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage", "LoaderPass",
+    "DestroyProcessGroup", "DDPWrap", "DataParallelWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage",
+    "LoaderPass",
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
     "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
@@ -208,6 +209,18 @@ class DDPWrap(Event):
     # Parameters of the wrapped module that did not require grad when DDP was built: DDP's reducer
     # never takes them, so if they are unfrozen later their gradients are never averaged.
     frozen: list = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class DataParallelWrap(Event):
+    """A model wrapped in single-process ``nn.DataParallel`` (once per call site): it splits each
+    batch over this process's GPUs, and averages nothing across processes. ``device_ids`` as
+    DataParallel resolved them (empty: no GPU, it just runs the module)."""
+
+    kind: ClassVar[str] = "data_parallel"
+    module: str = ""  # the wrapped module's class
+    device_ids: list = field(default_factory=list)
+    site: Site = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -696,7 +709,8 @@ EVENT_KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
                 DeviceSimulation,
-                DDPWrap, BufferFingerprint, OptimizerInfo, Step, UnchangedWeights, DDPUsage, LoaderPass, Collective,
+                DDPWrap, DataParallelWrap, BufferFingerprint, OptimizerInfo, Step, UnchangedWeights, DDPUsage,
+                LoaderPass, Collective,
                 InternalCollectives, JoinEvent, Save,
                 Load, DistributedCheckpoint,
                 RankEnvironment, RankDevices, CollectiveBenchmark,

@@ -20,6 +20,7 @@ PROBE_CHECKS: dict[str, tuple[str, ...]] = {
     "content": ("sampler-disjoint", "set-epoch"),
     "config": ("config-sync", "optimizer-params"),
     "wrapping": ("gradient-sync",),
+    "data_parallel": ("not-distributed",),
     "flight-recorder": ("collective-hang",),  # `ddpdoctor analyze`: what a dump could not show (a full ring buffer)
     "flight-recorder-missing": ("collective-hang", "rank-failure"),  # `ddpdoctor analyze`: a rank left no dump
     "flight-recorder-dump": (),  # `check --keep-evidence` writing the ranks' dumps: no check relies on them

@@ -76,3 +76,29 @@ def test_launch_era_script_reading_local_rank_from_the_environment_is_clean(run_
     run = run_check("good_launch_local_rank_env.py")
     assert _found(run) == set()
     assert run.returncode == 0 and run.report["outcome"] == "completed"
+
+
+# -- 3. nn.DataParallel under torchrun ---------------------------------------------------------------
+
+@pytest.mark.parametrize("script_args, kind", [((), "no-process-group"),
+                                               (("--init-process-group",), "data-parallel")])
+def test_data_parallel_under_torchrun_is_the_one_root_at_its_line(run_check, script_args, kind):
+    """The simulation runs DataParallel as a GPU machine would; not-distributed names it, with or
+    without a process group, and every process drawing the whole dataset follows from it."""
+    run = run_check("bad_dataparallel_torchrun.py", script_args=script_args)
+    assert run.returncode == 1 and run.report["outcome"] == "completed"
+    assert _found(run) == {("not-distributed", "error")}
+    (finding,) = run.findings("not-distributed")
+    assert finding["location"]["line"] == _line_of("bad_dataparallel_torchrun.py", "# BUG: DataParallel under torchrun")
+    assert finding["evidence"]["kind"] == kind and finding["evidence"]["module"] == "Sequential"
+    assert "nn.DataParallel" in finding["message"] and "nothing is averaged across processes" in finding["message"]
+    assert "device_ids=[local_rank]" in finding["fix"] and "DistributedSampler" in finding["fix"]
+    assert _consequences(finding) == {"sampler-disjoint"}
+    assert not any("padd" in c["message"] for c in finding["consequences"])
+    assert "DataParallel->module on cpu" in run.report["device_simulation"]["calls"]
+
+
+def test_the_ddp_version_of_the_tutorial_is_clean(run_check):
+    run = run_check("good_ddp_tutorial.py")
+    assert _found(run) == set()
+    assert run.returncode == 0 and run.report["outcome"] == "completed"

@@ -115,6 +115,11 @@ def ddp_wrap(params: Iterable[str] = ("fc.weight", "fc.bias"), *, ddp: int = 0, 
                       broadcast_buffers=broadcast_buffers, device=device, site=site(line))
 
 
+def data_parallel(module: str = "Net", device_ids: Iterable[int] = (0, 1), *, line: int = 18) -> ev.DataParallelWrap:
+    """A model wrapped in single-process nn.DataParallel over ``device_ids``."""
+    return ev.DataParallelWrap(module=module, device_ids=list(device_ids), site=site(line))
+
+
 def optimizer(names: Iterable[str] = ("fc.weight", "fc.bias"), *, in_ddp: Optional[Iterable[bool]] = None,
               ddp_of: Optional[Iterable[Optional[int]]] = None, opt: int = 0, line: int = 30,
               built_line: Optional[int] = None, group_sizes: Optional[list] = None, type_name: str = "SGD",

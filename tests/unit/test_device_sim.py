@@ -152,6 +152,20 @@ def test_an_index_past_the_simulated_gpus_raises_invalid_device_ordinal(sim, cal
     assert torch.ones(2).cuda(3).device.type == "cpu"  # the node's last simulated GPU is fine
 
 
+def test_data_parallel_runs_its_module_as_on_the_simulated_gpus(sim):
+    """`nn.DataParallel(model).to(device)`: it takes every simulated GPU and runs the step the module
+    runs on the whole batch (CUDA's scatter and gather have no CPU form), never its device check."""
+    torch.manual_seed(0)
+    net = nn.Linear(4, 2)
+    model = nn.DataParallel(net).to(torch.device("cuda"))
+    assert model.device_ids == [0, 1, 2, 3]
+    x = torch.randn(8, 4).cuda()
+    assert torch.equal(model(x), net(x))
+    model(x).sum().backward()
+    assert net.weight.grad is not None
+    assert "DataParallel->module on cpu" in last_event(sim)["calls"]
+
+
 def test_device_count_falls_back_to_nproc_per_node_in_a_spawn_launcher(tmp_path, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))

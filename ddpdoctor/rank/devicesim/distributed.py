@@ -1,4 +1,5 @@
-"""NCCL becomes gloo; DDP's ``device_ids`` / ``output_device`` are dropped for CPU modules.
+"""NCCL becomes gloo; DDP's ``device_ids`` / ``output_device`` are dropped for CPU modules;
+single-process ``nn.DataParallel`` runs its module on the CPU.
 
 After ``init_process_group("nccl")`` under simulation, ``dist.get_backend()`` honestly answers
 "gloo": torch's own code (DDP, SyncBatchNorm, collectives) asks it to pick code paths, and gloo's
@@ -12,9 +13,9 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from ddpdoctor.rank.devicesim.ledger import DDP_DEVICE_IDS, NCCL, Ledger
+from ddpdoctor.rank.devicesim.ledger import DATA_PARALLEL, DDP_DEVICE_IDS, NCCL, Ledger
 from ddpdoctor.rank.devicesim.mode import is_cuda
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
@@ -90,7 +91,27 @@ def install(rec: Recorder, ledger: Ledger) -> None:
         return __init__
 
     patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_ddp_init)
+    _install_data_parallel(rec, ledger)
     _install_device_mesh(rec, ledger)
+
+
+def _install_data_parallel(rec: Recorder, ledger: Ledger) -> None:
+    """``nn.DataParallel`` as a GPU machine runs it. It takes every simulated GPU of the node
+    (``device_ids`` [0, 1...]) and, on GPUs, splits each batch over them, runs a replica per GPU and
+    sums the gradients into the module: the same step as the module on the whole batch, which is
+    what runs here (its scatter, replicate and gather are CUDA-only). Its check that the module sits
+    on ``device_ids[0]`` has no CPU meaning: every simulated CUDA tensor is a CPU tensor."""
+
+    def wrap_forward(original):
+        def forward(self, *inputs, **kwargs):
+            if not self.device_ids:
+                return original(self, *inputs, **kwargs)
+            ledger.count(DATA_PARALLEL)
+            return self.module(*inputs, **kwargs)
+
+        return forward
+
+    patch(rec, PROBE, DataParallel, "forward", wrap_forward)
 
 
 def _install_device_mesh(rec: Recorder, ledger: Ledger) -> None:

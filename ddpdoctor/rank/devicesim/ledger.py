@@ -21,6 +21,7 @@ MAP_LOCATION = "torch.load map_location->cpu"
 DDP_DEVICE_IDS = "DDP device_ids->cpu"
 PIN_MEMORY = "pin_memory->no-op"
 GENERATORS = "torch.Generator(cuda)->cpu"
+DATA_PARALLEL = "DataParallel->module on cpu"
 
 
 class Ledger:

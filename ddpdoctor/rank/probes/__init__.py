@@ -20,7 +20,7 @@ from ddpdoctor.rank.recorder import Recorder
 NOT_INSTALLED = "torch was imported without ddpdoctor's import hook firing, so no probe was installed"
 
 PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
-                 "environment", "content", "flight_recorder", "config", "wrapping")
+                 "environment", "content", "flight_recorder", "config", "wrapping", "data_parallel")
 
 
 def install(rec: Recorder) -> Callable[[], None]:
