@@ -13,6 +13,7 @@ import functools
 import importlib
 import sys
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -221,11 +222,14 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         if id(p) not in PARAM_DDP:
             FROZEN_AT_WRAP[id(p)] = (state.index, name if state.index == 0 else f"ddp{state.index}:{name}")
 
+    wrapper = weakref.ref(ddp)  # the watch must not keep the wrapper alive: the script decides when it goes
+
     def on_inner_forward(module, inputs, kwargs):
         if not torch.is_grad_enabled():
             return
         state.inner_forwards += 1
-        if not (ddp.training and ddp.require_backward_grad_sync):
+        ddp = wrapper()
+        if ddp is None or not (ddp.training and ddp.require_backward_grad_sync):
             return
         state.buffer_forwards += 1
         if state.buffers and should_fingerprint(state.buffer_forwards, rec.fingerprint_every):
