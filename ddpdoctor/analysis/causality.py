@@ -141,6 +141,10 @@ RULES: tuple[Rule, ...] = (
     # A rank read a checkpoint another rank was still writing, and died loading the torn file.
     Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),
          _crash_in_the_raced_read),
+    # The ranks were stuck in mismatched or partnerless collectives when --timeout expired: the stop
+    # is the hang's consequence, not a second fault (a job merely slow keeps its timeout finding).
+    Rule("a hang outlasted --timeout", _is("collective-hang", severities=("error",)),
+         lambda f, _c: f.check == "rank-failure" and f.evidence.get("kind") == "timeout"),
     # A rank crashed first: its peers' failed collectives follow from it.
     Rule("a rank crashed", _is("rank-failure", severities=("error",), secondary_only=(False, None)),
          _orphan_of_failed_ranks),

@@ -27,13 +27,13 @@ def test_checkpoint_bug_is_an_error(run_check, fixture):
     (finding,) = run.findings("rank0-checkpoint", "error")
     assert finding["ranks"] == ranks
     assert finding["location"]["file"].endswith(fixture)
-    assert [f for f in run.serious() if f["check"] != "rank0-checkpoint"] == []
+    assert run.found() == {("rank0-checkpoint", "error")}, run.findings()
 
 
 @pytest.mark.parametrize("fixture", ["good_ckpt_barrier.py", "good_ckpt_dcp.py", "good_ckpt_per_rank.py"])
 def test_correct_checkpointing_is_clean(run_check, fixture):
     run = run_check(fixture)
-    assert run.serious() == [], run.serious()
+    assert run.found() == set(), run.findings()
     assert run.returncode == 0
     assert {c["id"]: c["status"] for c in run.report["checks"]}["rank0-checkpoint"] == "pass"
 
@@ -41,6 +41,7 @@ def test_correct_checkpointing_is_clean(run_check, fixture):
 def test_reference_job_on_two_simulated_nodes(run_check):
     run = run_check(None, "--nnodes", "2", "--nproc-per-node", "2", script_args=("--epochs", "1"))
     assert run.returncode == 0, run.output[-3000:]
+    assert run.found() == set(), run.findings()
     assert run.report["nnodes"] == 2 and run.report["world_size"] == 4
     assert sorted((r["node"], r["local_rank"]) for r in run.report["ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert sorted((e["node"], e["local_rank"]) for e in run.report["environment"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -66,6 +67,7 @@ def test_checkpoint_bytes_are_identical_with_and_without_ddpdoctor(tmp_path, run
     assert plain.returncode == 0 or "terminate called without an active exception" in plain.stderr, plain.stderr[-3000:]
     run = run_check("reference.py", script_args=(*args, "--checkpoint-dir", str(probed_dir)))
     assert run.returncode == 0, run.output[-3000:]
+    assert run.found() == set(), run.findings()
     assert os.listdir(plain_dir) == os.listdir(probed_dir) == ["checkpoint.pt"]
     assert _digest(str(plain_dir / "checkpoint.pt")) == _digest(str(probed_dir / "checkpoint.pt"))
 

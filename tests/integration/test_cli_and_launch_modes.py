@@ -57,6 +57,7 @@ def test_list_explain_and_version(tmp_path):
 def test_reference_job_is_clean(run_check):
     run = run_check(None, script_args=("--epochs", "1"))
     assert run.returncode == 0, run.output[-3000:]
+    assert run.found() == set(), run.findings()
     assert run.report["schema"] == "ddpdoctor.report/1"
     assert run.report["script"] is None and run.report["outcome"] == "completed"
     assert all(c["status"] in ("pass", "skip") for c in run.report["checks"])
@@ -77,6 +78,7 @@ def test_reference_job_is_clean(run_check):
 def test_spawn_mode_probes_every_worker(run_check):
     run = run_check("spawn_reference.py")
     assert run.returncode == 0, run.output[-3000:]
+    assert run.found() == set(), run.findings()
     assert run.report["launch_mode"] == "spawn"
     assert run.report["world_size"] == 2
     assert {c["id"]: c["status"] for c in run.report["checks"]}["gradient-sync"] == "pass"

@@ -26,7 +26,7 @@ def test_overlap_by_content_is_one_sampler_disjoint_error(run_check, fixture):
     run = run_check(fixture)
     assert run.report is not None, run.output
     assert run.returncode == 1, run.output[-3000:]
-    assert run.roots() == {"sampler-disjoint": "error"}, (run.roots(), run.output[-3000:])
+    assert run.found() == {("sampler-disjoint", "error")}, (run.findings(), run.output[-3000:])
     (finding,) = run.findings("sampler-disjoint")
     evidence = finding["evidence"]
     assert evidence["basis"] == "content"
@@ -51,7 +51,7 @@ def test_worker_only_sharding_names_the_workers(run_check):
 
 def test_index_overlap_keeps_its_content_twin_as_a_consequence(run_check):
     run = run_check("bad_sampler_no_distributed.py")
-    assert run.roots() == {"sampler-disjoint": "error"}, run.output[-3000:]
+    assert run.found() == {("sampler-disjoint", "error")}, run.output[-3000:]
     (root,) = run.findings("sampler-disjoint")
     assert root["evidence"].get("basis", "indices") == "indices"
     twins = [c for c in run.consequences("sampler-disjoint") if c["evidence"].get("basis") == "content"]
@@ -81,7 +81,7 @@ def test_hand_written_batches_are_compared_by_content(run_check):
 def test_a_stream_meant_to_be_reshuffled_in_the_same_order_every_epoch_is_a_set_epoch_warning(run_check, flags, message):
     run = run_check("stream_epoch_order.py", script_args=list(flags))
     assert run.returncode == 1, run.output[-3000:]
-    assert run.roots() == {"set-epoch": "warning"}, run.output[-3000:]
+    assert run.found() == {("set-epoch", "warning")}, run.output[-3000:]
     (finding,) = run.findings("set-epoch")
     assert finding["ranks"] == [0, 1]
     assert finding["evidence"]["basis"] == "content"
@@ -92,7 +92,7 @@ def test_a_stream_meant_to_be_reshuffled_in_the_same_order_every_epoch_is_a_set_
 def test_a_stream_in_its_natural_order_every_epoch_is_info_at_most(run_check):
     run = run_check("stream_epoch_order.py")
     assert run.returncode == 0, run.output[-3000:]
-    assert run.serious() == [], run.serious()
+    assert run.found() == {("set-epoch", "info")}, run.findings()
     (finding,) = run.findings("set-epoch")
     assert finding["severity"] == "info" and finding["evidence"]["dataset_type"] == "ShardedStream"
 

@@ -40,7 +40,7 @@ def test_gpu_script_runs_clean_under_simulation(run_check, fixture):
     options, _, _, simulated = GPU_FIXTURES[fixture]
     run = run_check(fixture, *options)
     assert run.returncode == 0, run.output[-3000:]
-    assert run.serious() == []
+    assert run.found() == set(), run.findings()
     assert run.report["outcome"] == "completed"
     assert run.report["backend"] == "gloo"
     sim = run.report["device_simulation"]

@@ -35,8 +35,8 @@ def test_hang_is_reported_with_ranks_and_line(run_check, fixture):
     run = run_check(fixture, "--hang-timeout", "5")
     assert run.returncode == 1, run.output[-3000:]
     assert run.report["outcome"] == "hung"
-    assert run.roots() == {root: "error"}, run.roots()
-    assert consequences <= {c["check"] for c in run.consequences(root)}
+    assert run.found() == {(root, "error")}, run.findings()
+    assert {c["check"] for c in run.consequences(root)} == consequences
     (hang,) = run.anywhere("collective-hang", "error")
     assert hang["location"]["file"].endswith(fixture)
     assert hang["location"]["line"] == line_of(fixture, marker)
@@ -75,8 +75,7 @@ def test_mismatched_shapes_are_reported_at_their_line(run_check):
 def test_join_makes_uneven_inputs_clean(run_check):
     run = run_check("good_uneven_join.py", "--hang-timeout", "5")
     assert run.returncode == 0, run.output[-3000:]
-    assert run.serious() == []
-    assert run.findings("uneven-inputs", "info")
+    assert run.found() == {("uneven-inputs", "info")}, run.findings()
 
 
 # fault -> (rank, fragment of the message)
@@ -93,18 +92,22 @@ def test_fault_matrix_crashes(run_check, fixture):
     run = run_check(fixture, "--hang-timeout", "5")
     assert run.returncode == 1
     assert run.report["outcome"] == "failed"
+    assert run.found() == {("rank-failure", "error")}, run.findings()
     (finding,) = run.findings("rank-failure", "error")
     assert finding["ranks"] == [rank]
     assert fragment in finding["message"]
     assert finding["evidence"]["last_step"] == 3
-    assert not run.findings("collective-hang"), "a crash is not reported as a hang"
+    # The peer's collective that the crashed rank never joined is the crash's consequence, not a hang.
+    assert {c["check"] for c in finding["consequences"]} == {"collective-hang"}
 
 
 def test_fault_matrix_timeout_stops_the_job_and_reports(run_check):
+    """The --timeout stop of a job whose ranks sit in mismatched collectives is the hang's consequence."""
     run = run_check("hang_barrier_rank0.py", "--timeout", "12")
     assert run.returncode == 1
     assert run.report["outcome"] == "timeout"
-    (finding,) = run.findings("rank-failure", "error")
-    assert "--timeout 12s" in finding["message"]
+    assert run.found() == {("collective-hang", "error")}, run.findings()
+    (stop,) = [c for c in run.consequences("collective-hang") if c["check"] == "rank-failure"]
+    assert "--timeout 12s" in stop["message"]
 
 

@@ -44,7 +44,7 @@ def test_a_spawned_workers_traceback_shows_the_script_not_ddpdoctor(tmp_path):
 def test_saving_tensors_the_probe_cannot_sum_works_and_is_recorded(run_check):
     run = run_check("good_unusual_save.py")
     assert run.returncode == 0, run.output[-3000:]
-    assert run.serious() == [] and run.report["probe_errors"] == []
+    assert run.found() == set() and run.report["probe_errors"] == [], run.findings()
     statuses = {c["id"]: c for c in run.report["checks"]}
     assert statuses["rank0-checkpoint"]["status"] == "pass"
     assert statuses["rank0-checkpoint"]["summary"].startswith("1 save(s), 2 load(s)")

@@ -15,7 +15,8 @@ from conftest import FIXTURES
 
 pytestmark = pytest.mark.integration
 
-# (fixture, script arguments) -> ({check: severity} of the roots at warning or error, checks among their consequences)
+# (fixture, script arguments) -> ({check: severity} of the top-level findings, info included, exactly;
+#                               the checks of their consequences, exactly)
 PAIRS = {
     # DDP's own collectives in the trace: a rank-only forward through the wrapper misaligns them.
     ("bad_eval_rank0_through_ddp.py", ()): ({"collective-hang": "error"}, {"rank-failure"}),
@@ -26,11 +27,13 @@ PAIRS = {
     # Identical batches at the same step, from a hand-written loader: an error only when trained on.
     ("bad_token_loader_same_seed.py", ()): ({"sampler-disjoint": "error"}, set()),
     ("bad_token_loader_same_seed.py", ("--seed-offset-by-rank",)): ({}, set()),
-    ("good_benchmark_same_input.py", ()): ({}, set()),
+    ("good_benchmark_same_input.py", ()): ({"sampler-disjoint": "info"}, set()),
     # The same noise on every rank (seeded alike) beside a sharded loader: one finding for both models.
     ("good_gan.py", ("--same-noise",)): ({"sampler-disjoint": "error"}, set()),
     ("good_gan.py", ()): ({}, set()),
     # The crash of a rank that read a torn checkpoint is the race's consequence.
+    # The reader's crash in torch.load follows; so does the writer's collective that the crashed reader never
+    # joined, when the writer reaches it before the crash is seen (a race: OPTIONAL below).
     ("bad_ckpt_read_while_writing.py", ()): ({"rank0-checkpoint": "error"}, {"rank-failure"}),
     ("good_ckpt_resume.py", ()): ({}, set()),
     # Evaluation passes inside the training loop are not training passes for set-epoch.
@@ -39,17 +42,22 @@ PAIRS = {
 }
 
 
+# Consequences that may or may not be attached, as the ranks' timing decides (never a root either way).
+OPTIONAL = {("bad_ckpt_read_while_writing.py", ()): {"collective-hang"}}
+
+
 @pytest.mark.parametrize("fixture, args", sorted(PAIRS), ids=lambda v: " ".join(v) if isinstance(v, tuple) else v)
 def test_root_findings_and_consequences(run_check, fixture, args):
     roots, consequences = PAIRS[(fixture, args)]
     # a known-good twin takes the default options, so it shares its run with test_known_good_fixtures
-    run = run_check(fixture, *(("--hang-timeout", "10") if roots else ()), script_args=args)
+    serious = {check: severity for check, severity in roots.items() if severity != "info"}
+    run = run_check(fixture, *(("--hang-timeout", "10") if serious else ()), script_args=args)
     assert run.report is not None, run.output[-3000:]
-    assert run.roots() == roots, (run.roots(), run.output[-3000:])
-    assert run.returncode == (1 if roots else 0), run.output[-3000:]
-    attached = {c["check"] for f in run.serious() for c in f["consequences"]}
-    assert consequences <= attached, (attached, run.output[-3000:])
-    if not roots:
+    assert run.found() == set(roots.items()), (run.findings(), run.output[-3000:])
+    assert run.returncode == (1 if serious else 0), run.output[-3000:]
+    attached = {c["check"] for f in run.findings() for c in f["consequences"]}
+    assert attached - OPTIONAL.get((fixture, args), set()) == consequences, (attached, run.output[-3000:])
+    if not serious:
         assert run.report["outcome"] == "completed"
         assert run.report["probe_errors"] == []
 
@@ -99,6 +107,6 @@ def test_a_resumed_run_reading_a_checkpoint_rank0_later_overwrites_is_clean(run_
                    cwd=FIXTURES, check=True, timeout=120)
     run = run_check("good_ckpt_resume.py", script_args=("--out", str(tmp_path)))
     assert run.returncode == 0, run.output[-3000:]
-    assert run.serious() == [], run.serious()
+    assert run.found() == set(), run.findings()
     summary = next(c["summary"] for c in run.report["checks"] if c["id"] == "rank0-checkpoint")
     assert summary == "2 save(s), 2 load(s)"
