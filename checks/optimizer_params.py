@@ -18,6 +18,10 @@ STUCK_STEPS = 5  # fingerprinted steps in a row with a gradient and unchanged we
 # A gradient whose RMS is at most this fraction of the median gradient RMS of its optimizer's
 # parameters is zero but for rounding (a bias before BatchNorm: about 1e-7 of the others).
 NEGLIGIBLE_GRADIENT = 1e-5
+# A float32 weight's updates that round away count only with a gradient at least this fraction of
+# the median (a learning rate far too small); below it the gradient is what does not move the weight.
+SUBSTANTIAL_GRADIENT = 0.1
+LOW_PRECISION = ("torch.bfloat16", "torch.float16")
 UNSTEPPED = ("model-not-stepped", "parameters-not-stepped")
 
 DOCS = """\
@@ -45,7 +49,9 @@ dtype at its value:
   the mean, so the bias's gradient is zero but for rounding) is no evidence: nothing is reported;
 - an update below the weights' precision (LayerNorm scales kept in bfloat16 under AdamW: at 1.0
   bfloat16 steps by 2**-7) is a warning naming the parameters: the same on every rank, not a DDP
-  fault, but training the job never gets;
+  fault, but training the job never gets. For float32 weights only with a gradient in the range of
+  the others' (a learning rate far too small): a float32 update that rounds away otherwise means a
+  gradient too small to matter, which a conv bias before BatchNorm has over large feature maps;
 - anything else is an info, since nothing shows why.
 
 A DDP model that gets gradients while no optimizer holds its parameters or a copy of them (a test
@@ -313,6 +319,11 @@ def _stuck_findings(evidence: Evidence) -> list[Finding]:
         elif found and all(_negligible(rms, median) for rms, _, median in found):
             continue  # a gradient that is zero but for rounding: not evidence of anything
         elif found and all(ratio is not None and ratio < 1 for _, ratio, _ in found):
+            if _dtype(info, key[1]) not in LOW_PRECISION and not all(_substantial(rms, m) for rms, _, m in found):
+                # A float32 weight whose update rounds away has a gradient too small to move it: a bias
+                # before a norm layer (zero but for rounding, which grows with the tensor summed over),
+                # a parameter the loss barely reaches. Nothing to fix, nothing reported.
+                continue
             kind = "below-precision"
         else:
             kind = "unexplained"
@@ -330,6 +341,11 @@ def _stuck_findings(evidence: Evidence) -> list[Finding]:
 
 def _negligible(rms: Optional[float], median: Optional[float]) -> bool:
     return rms is not None and median is not None and median > 0 and rms <= NEGLIGIBLE_GRADIENT * median
+
+
+def _substantial(rms: Optional[float], median: Optional[float]) -> bool:
+    """A gradient in the range of the optimizer's others: its lost updates are lost training."""
+    return rms is not None and median is not None and median > 0 and rms >= SUBSTANTIAL_GRADIENT * median
 
 
 def _config_at(states: list[ConfigState], step: Step) -> Optional[ConfigState]:
