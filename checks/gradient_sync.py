@@ -9,8 +9,8 @@ from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import Divergence
-from ddpdoctor.schema.events import (CommHook, DDPBypass, DDPRewrap, DeviceSimulation, InitProcessGroup,
-                                     ModuleConversion, Step, Unfrozen)
+from ddpdoctor.schema.events import (CommHook, Collective, DDPBypass, DDPRewrap, DeviceSimulation,
+                                     InitProcessGroup, ModuleConversion, Step, Unfrozen)
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.sampling import describe
 
@@ -273,6 +273,65 @@ def _allreduce_case(evidence: Evidence, ranks: list[int], ddp_index: Optional[in
                  _wrap_site(evidence, ddp_index), {"backend": backend})
 
 
+# Divergences a periodic averaging of the parameters explains: local steps inside no_sync (or with no
+# gradient all-reduce at all), then an all-reduce of the parameters brings the replicas back together.
+LOCAL_STEPS = ("step-in-no-sync", "not-wrapped", "params-modified")
+
+
+def _parameter_averaging(evidence: Evidence, ranks: list[int], ddp_index: Optional[int], first_step: int
+                         ) -> Optional[tuple[Optional[Location], list[int]]]:
+    """(where, after which steps) the script all-reduced the model's parameters at or after the
+    divergent step on every rank: per-parameter all-reduces covering every parameter shape of the DDP
+    model, or one flattened all-reduce of all of them (torch's PeriodicModelAverager, Accelerate's
+    LocalSGD). None when no rank did."""
+    wraps = evidence.facts.ddp_wraps.get(ddp_index if ddp_index is not None else 0, {})
+    wrap = next(iter(wraps.values()), None)
+    if wrap is None or not wrap.shapes:
+        return None
+    shapes = sorted(tuple(s) for s in wrap.shapes)
+    total = sum(_numel(s) for s in shapes)
+    found: Optional[tuple[Optional[Location], list[int]]] = None
+    for rank in ranks:
+        windows: dict[int, list] = {}
+        for call in evidence.ranks[rank].of(Collective):
+            if call.op == "all_reduce" and call.step >= first_step - 1 and call.tensors:
+                windows.setdefault(call.step, []).append(call)
+        steps, site = [], None
+        for step, calls in sorted(windows.items()):
+            reduced = sorted(tuple(t[0]) for c in calls for t in c.tensors if t and isinstance(t[0], list))
+            if _covers(reduced, shapes) or any(_numel(s) == total for s in reduced):
+                steps.append(step)
+                site = site or Location.from_site(calls[0].site)
+        if not steps:
+            return None
+        found = found or (site, steps)
+    return found
+
+
+def _numel(shape: tuple) -> int:
+    total = 1
+    for size in shape:
+        total *= int(size)
+    return total
+
+
+def _covers(reduced: list[tuple], shapes: list[tuple]) -> bool:
+    """Every parameter shape (with its multiplicity) is among the all-reduced tensors' shapes."""
+    pool = list(reduced)
+    for shape in shapes:
+        if shape not in pool:
+            return False
+        pool.remove(shape)
+    return True
+
+
+def _period(steps: list[int]) -> str:
+    gaps = sorted({b - a for a, b in zip(steps, steps[1:])})
+    if len(gaps) == 1:
+        return f"{gaps[0]} optimizer steps"
+    return "few optimizer steps" if gaps else "so often"
+
+
 def _round_trip(evidence: Evidence) -> Optional[Finding]:
     """A wrapped model moved to the CPU and back under the CUDA simulation, where it changes nothing."""
     simulated = any(e.active for _, e in evidence.events(DeviceSimulation))
@@ -353,8 +412,25 @@ def analyze(evidence: Evidence) -> CheckResult:
         fix = ("Change weights only through the optimizer, or identically on every rank; give every rank the same "
                "optimizer settings; load checkpoints on every rank before wrapping with DDP.")
     evidence_out = {"case": case, **evidence_out}  # first: the terminal shows the leading fields
-    finding = Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=location,
+    severity = "error"
+    averaged = _parameter_averaging(evidence, ranks, ddp_index, div.step) if case in LOCAL_STEPS else None
+    if averaged is not None:  # Local SGD: the replicas train apart and are averaged back, by design
+        site, steps = averaged
+        severity, case = "info", "periodic-averaging"
+        evidence_out.update({"case": case, "averaged_at": site.to_json() if site else None,
+                             "averaged_after_steps": steps[:8]})
+        first = "gradients" if div.kind == "grads" else "parameters"
+        message = (f"the replicas train apart between parameter averagings by design: the optimizer steps without "
+                   f"DDP's gradient all-reduce ({first} of `{name}` first differ at optimizer step {div.step}), and "
+                   f"the script all-reduces the parameters every {_period(steps)} at {short_site(site)} (Local "
+                   f"SGD); between averagings gradient-sync cannot compare the replicas")
+        fix = ("Nothing to do if periodic averaging (Local SGD) is intended; to check the training itself, run once "
+               "with DDP's gradient all-reduce in every step.")
+    finding = Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks), location=location,
                       evidence=evidence_out)
+    if severity == "info":
+        return CheckResult(findings=[finding], summary=f"replicas averaged every {_period(averaged[1])} by the script "
+                                                       f"(Local SGD): not compared between averagings{sampled}")
     return CheckResult(findings=[finding], summary=f"replicas diverge at step {div.step} ({fmt_ranks(ranks)}){sampled}")
 
 

@@ -438,3 +438,34 @@ def test_a_parameter_frozen_when_ddp_was_built_and_unfrozen_later_names_both_lin
     assert finding.location == Location(SCRIPT, 55)
     assert finding.evidence["wrapped_at"]["line"] == 40
     assert "Freeze after wrapping" in finding.fix
+
+
+def test_local_steps_that_the_script_averages_back_are_local_sgd_info_not_an_error():
+    """Local steps inside no_sync, then every 2 steps an all-reduce of each parameter (Accelerate's
+    LocalSGD, torch's PeriodicModelAverager): the replicas differ between averagings by design."""
+    from builders import collective
+
+    no_sync = {"0": forwards(synced=0, unsynced=1)}
+    wrap = ddp_wrap(NAMES)
+    wrap.shapes = [[4, 3], [4]]
+
+    def rank(offset):
+        events = [step(n, fp(1.0 + offset, 2.0), ddp=no_sync) for n in (1, 2, 3, 4)]
+        for n in (2, 4):  # after steps 2 and 4: one all_reduce per parameter, with its shape
+            for i, shape in enumerate(([4, 3], [4])):
+                call = collective("all_reduce", 10 * n + i, shape, line=27, t=float(n) + 0.5)
+                call.step = n
+                events.append(call)
+        return events
+
+    result = run(2, [wrap, optimizer(NAMES)], {0: rank(0.0), 1: rank(0.5)})
+    finding = only_finding(result)
+    assert finding.severity == "info" and finding.evidence["case"] == "periodic-averaging"
+    assert finding.evidence["averaged_after_steps"] == [2, 4]
+    assert "every 2 optimizer steps at train.py:27 (Local SGD)" in finding.message
+    assert result.summary.startswith("replicas averaged every 2 optimizer steps by the script")
+    # Without the averaging, the same local steps are the error they are.
+    plain = run(2, [wrap, optimizer(NAMES)], {r: [e for e in rank(o) if e.kind == "step"]
+                                              for r, o in ((0, 0.0), (1, 0.5))})
+    assert only_finding(plain).severity == "error"
+    assert only_finding(plain).evidence["case"] == "step-in-no-sync"
