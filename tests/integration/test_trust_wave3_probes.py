@@ -161,3 +161,17 @@ def test_a_device_round_trip_after_training_ended_is_fine(run_check):
     bad = run_check("bad_grad_device_round_trip.py")
     finding = root(bad, "gradient-sync", "error", "bad_grad_device_round_trip.py", "model.cpu()")
     assert finding["evidence"]["case"] == "device-round-trip"
+
+
+# -- patterns bench/realcode found -------------------------------------------------------------------
+
+def test_local_sgd_is_info_and_local_steps_never_averaged_an_error(run_check):
+    good = run_check("good_local_sgd.py")
+    assert good.found() == {("gradient-sync", "info")}, good.findings()
+    (finding,) = good.findings()
+    assert finding["evidence"]["case"] == "periodic-averaging"
+    assert finding["evidence"]["averaged_at"]["line"] == line_of("good_local_sgd.py", "dist.all_reduce(averaged)")
+    assert good.returncode == 0
+    bad = run_check("bad_grad_local_steps_never_averaged.py")
+    finding = root(bad, "gradient-sync", "error", "good_local_sgd.py", "optimizer.step()")
+    assert finding["evidence"]["case"] == "step-in-no-sync"
