@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: see rank/agent.py
 
-from ddpdoctor.rank import bounds, callsite, probes, teardown, tracebacks  # noqa: E402
+from ddpdoctor.rank import bounds, callsite, probes, relaunch, teardown, tracebacks  # noqa: E402
 from ddpdoctor.rank.recorder import Recorder  # noqa: E402
 from ddpdoctor.rank.watchdog import Watchdog  # noqa: E402
 from ddpdoctor.schema import settings as rank_settings  # noqa: E402
@@ -83,6 +83,10 @@ def run_recorded(target: Callable[[], Any]) -> Any:
     except bounds.RunCut as cut:  # --max-steps / --max-epochs: a clean end, on purpose
         session.rec.emit(RunCutEvent(reason=cut.reason, at=cut.at))
         session.rec.exit_info = {"code": 0, "cut": cut.reason}
+        session.close(exit_code=0)
+        return None
+    except relaunch.Relaunch:  # a guessed spawn launcher that wants torchrun: the supervisor starts again
+        session.rec.exit_info = {"code": 0}
         session.close(exit_code=0)
         return None
     except SystemExit as exc:

@@ -21,6 +21,11 @@ MAX_EPOCHS = "DDPDOCTOR_MAX_EPOCHS"
 DEVICE = "DDPDOCTOR_DEVICE"  # device simulation: auto | simulate (alias cpu) | native (ddpdoctor.rank.devicesim)
 NPROC_PER_NODE = "DDPDOCTOR_NPROC_PER_NODE"  # simulated GPUs per node where LOCAL_WORLD_SIZE is unset (mp.spawn)
 FR_DUMPS = "DDPDOCTOR_FR_DUMPS"  # --keep-evidence: ranks write flight recorder dumps into the evidence folder
+# Set to "1" when the supervisor guessed spawn mode from the script's source (--launch auto): a launcher
+# process that then sets up its process group from torchrun's variables asks to be relaunched under
+# torchrun, by leaving RELAUNCH_UNDER_TORCHRUN in the evidence folder (its contents: the call site).
+SPAWN_GUESSED = "DDPDOCTOR_SPAWN_GUESSED"
+RELAUNCH_UNDER_TORCHRUN = "relaunch-under-torchrun.json"
 
 DEFAULT_HEARTBEAT_S = 0.5
 

@@ -62,6 +62,8 @@ class RunConfig:
     extra_env: dict = field(default_factory=dict)
     min_busbw_gbps: Optional[float] = None  # --min-busbw: the reference job's collectives must reach this (GB/s)
     device: str = "auto"  # simulate CUDA/NCCL on CPU: auto, simulate (alias cpu: always), native; see device_mode
+    # How the launch mode was chosen, when not from the options alone (a spawn guess corrected to torchrun).
+    launch_note: str = ""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:

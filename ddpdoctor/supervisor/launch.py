@@ -163,6 +163,8 @@ def build_plan(config: RunConfig, script: str, evidence_dir: str, *,
                           scheduler=scheduler)
     env = _rank_env(config, evidence_dir, keep_launcher_vars=False)
     if mode == "spawn":
+        if config.launch == "auto":  # guessed from the source: the launcher may still ask for torchrun
+            env[settings.SPAWN_GUESSED] = "1"
         return LaunchPlan(mode=mode, commands=[bootstrap], env=env, scheduler=scheduler)
     port = free_port()
     run_id = f"ddpdoctor-{uuid.uuid4().hex[:8]}"

@@ -9,6 +9,7 @@ composition points, the only modules here that reach into the analysis side.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -16,6 +17,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from ddpdoctor import __version__
+from ddpdoctor.schema import settings
 from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
 from ddpdoctor.supervisor import launch
 from ddpdoctor.supervisor.config import RunConfig
@@ -69,6 +71,10 @@ def _run(config: RunConfig, display: Display, signals: StopSignals) -> "Report":
         finally:
             job.stop()
             router.route(job.drain())
+        relaunch = _relaunch_request(plan, evidence_dir)
+        if relaunch is not None and result.stop is None:
+            display.notice(f"{relaunch}; starting it again under torchrun")
+            return _run(dataclasses.replace(config, launch="torchrun", launch_note=relaunch), display, signals)
         collected = transport.collect()
         collected.failures = _agent_failures(plan.agent_outputs)
         collected.output_tails = router.tail_lists()
@@ -117,6 +123,19 @@ def _run_in_existing_launch(config: RunConfig, existing: launch.ExistingLaunch, 
         ranks.finish_rank_zero(run, node)  # after the report is built: the caller renders and writes it at once
 
 
+def _relaunch_request(plan: launch.LaunchPlan, evidence_dir: str) -> Optional[str]:
+    """Why a spawn-mode launcher (guessed from the script's source) asked for torchrun, or None."""
+    if plan.mode != "spawn":
+        return None
+    data = read_json(os.path.join(evidence_dir, settings.RELAUNCH_UNDER_TORCHRUN))
+    if data is None:
+        return None
+    site = (data.get("site") or [{}])[0]
+    where = f" at {os.path.basename(site['file'])}:{site['line']}" if site.get("file") else ""
+    return (f"the script calls mp.spawn in some runs, but in this one it set up its process group from torchrun's "
+            f"environment{where}")
+
+
 def _preload_analysis() -> None:
     """Import the analysis side and the built-in checks (about 0.1 s) while torchrun's agent imports
     torch and a core is idle, instead of after the job, where they add to the time to the verdict."""
@@ -139,7 +158,7 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
-        launch_mode=plan.mode, launch=_launch_info(plan), failures=collected.failures, stop=result.stop,
+        launch_mode=plan.mode, launch=_launch_info(plan, config.launch_note), failures=collected.failures, stop=result.stop,
         timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
         min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
@@ -183,9 +202,11 @@ def _nnodes(config: RunConfig, plan: launch.LaunchPlan) -> int:
     return plan.existing.nnodes if plan.existing is not None else config.nnodes
 
 
-def _launch_info(plan: launch.LaunchPlan) -> dict:
+def _launch_info(plan: launch.LaunchPlan, note: str = "") -> dict:
     """For the report: the mode, how an existing launch was detected, and the cluster job."""
     info: dict = {"mode": plan.mode}
+    if note:
+        info["detected"] = note
     if plan.existing is not None:
         info["detected"] = plan.existing.detected
         info["exported"] = sorted(plan.existing.exported)

@@ -115,3 +115,19 @@ def test_hang_inside_an_existing_launch_goes_through_the_store(run_inside_launch
     assert finding["evidence"]["ranks"]["0"]["where"]["function"] == "validate"
     assert "[rank0]" not in run.stdout, "-q hides the script's output in this mode too"
     assert len(run.evidence) >= 2 and all(name.startswith("events-") for name in run.evidence), run.evidence
+
+
+def test_a_spawn_guess_corrected_when_the_script_reads_torchruns_environment(run_check):
+    """The source calls mp.spawn, but only when asked: without the flag the launcher process sets up
+    its process group from torchrun's variables, and ddpdoctor starts the job again under torchrun."""
+    run = run_check("good_spawn_when_asked.py")
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.found() == set(), run.findings()
+    assert run.report["launch_mode"] == "torchrun" and run.report["world_size"] == 2
+    assert "set up its process group from torchrun's environment at good_spawn_when_asked.py:" \
+        in run.report["launch"]["detected"]
+    assert "starting it again under torchrun" in run.output
+    spawned = run_check("good_spawn_when_asked.py", script_args=("--multiprocessing-distributed",))
+    assert spawned.returncode == 0, spawned.output[-3000:]
+    assert spawned.found() == set(), spawned.findings()
+    assert spawned.report["launch_mode"] == "spawn" and "detected" not in spawned.report["launch"]

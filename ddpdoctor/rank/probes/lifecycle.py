@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ddpdoctor.rank import callsite
+from ddpdoctor.rank import callsite, relaunch
+from ddpdoctor.rank.probes import spawn as spawn_probe
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import DestroyProcessGroup, InitProcessGroup
@@ -16,6 +17,8 @@ PROBE = "lifecycle"
 def install(rec: Recorder) -> None:
     def wrap_init(original):
         def init_process_group(*args, **kwargs):
+            if relaunch.expects_torchrun(args, kwargs, spawned=spawn_probe.spawned()):
+                relaunch.ask(rec.evidence_dir, callsite.caller_site())
             result = original(*args, **kwargs)
             with rec.guard(PROBE, "init_process_group"):
                 rec.rank = dist.get_rank()

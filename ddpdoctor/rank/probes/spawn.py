@@ -16,6 +16,16 @@ from ddpdoctor.rank.recorder import Recorder
 PROBE = "spawn"
 
 
+class _Spawned:
+    """Whether this process started workers or is one (a launcher that spawned nothing yet reads neither)."""
+
+    value = False
+
+
+def spawned() -> bool:
+    return _Spawned.value
+
+
 class ProbedWorker:
     """Picklable stand-in for the user's worker function."""
 
@@ -24,6 +34,8 @@ class ProbedWorker:
 
     def __call__(self, *args: Any) -> Any:
         from ddpdoctor.rank import bootstrap, tracebacks
+
+        _Spawned.value = True
 
         def target() -> Any:
             from ddpdoctor.rank.probes import patching
@@ -54,6 +66,7 @@ def install(rec: Recorder) -> None:
 
     def wrap(original):
         def start_processes(fn, *args, **kwargs):
+            _Spawned.value = True
             if not isinstance(fn, ProbedWorker):
                 fn = ProbedWorker(fn)
             return original(fn, *args, **kwargs)
