@@ -43,3 +43,12 @@ def test_asking_leaves_the_request_and_stops_the_script(tmp_path):
         relaunch.ask(str(tmp_path), site)
     assert json.loads((tmp_path / settings.RELAUNCH_UNDER_TORCHRUN).read_text()) == {"site": site}
     assert not issubclass(relaunch.Relaunch, Exception)  # the script's `except Exception` lets it through
+
+
+def test_a_guessed_launcher_reaching_for_torchruns_variables_missed_torchrun(guessed):
+    assert relaunch.missed_torchrun(KeyError("WORLD_SIZE"), spawned=False)
+    assert relaunch.missed_torchrun(ValueError("Error initializing torch.distributed using env:// rendezvous: "
+                                               "environment variable RANK expected, but not set"), spawned=False)
+    assert not relaunch.missed_torchrun(KeyError("WORLD_SIZE"), spawned=True)
+    assert not relaunch.missed_torchrun(KeyError("learning_rate"), spawned=False)
+    assert not relaunch.missed_torchrun(ValueError("bad batch"), spawned=False)

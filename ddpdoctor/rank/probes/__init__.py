@@ -93,3 +93,10 @@ def _plugin_probes(rec: Recorder) -> list[tuple[str, str]]:
     except Exception as exc:  # unreadable package metadata: the built-in probes still run
         rec.probe_failed("plugins", exc, phase="install")
         return []
+
+
+def spawn_started() -> bool:
+    """Whether this process started workers (mp.spawn) or is one: then it is no launcher to relaunch."""
+    from ddpdoctor.rank.probes import spawn
+
+    return spawn.spawned()
