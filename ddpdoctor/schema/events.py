@@ -85,6 +85,11 @@ class SamplerInfo:
     epoch: Optional[int] = None
     num_samples: Optional[int] = None
     total_size: Optional[int] = None
+    # How many sample positions the sampler draws from, where it says: len(dataset) of a
+    # DistributedSampler (a wrapped sampler's length under Lightning's DistributedSamplerWrapper),
+    # len(indices) of a SubsetRandomSampler, len(data_source) of a Sequential/RandomSampler.
+    # None: unknown (a custom sampler), and then no sample counts as never drawn.
+    population: Optional[int] = None
 
 
 # -- process lifecycle ------------------------------------------------------------------------------

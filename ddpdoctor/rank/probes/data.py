@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler, Subset,
+                              SubsetRandomSampler)
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ddpdoctor.rank import bounds, callsite
@@ -41,6 +42,8 @@ DOMAINS: SideTable[str] = SideTable()  # DataLoader over a Subset -> digest of t
 IDENTITIES: SideTable[Optional[str]] = SideTable()  # dataset under every Subset -> digest of what it holds
 PASSES: SideTable["_Pass"] = SideTable()  # DataLoader iterator -> its open pass
 HEAD_TAIL = 64  # at least this many first and last draws kept in order, to recognise wrap-around padding
+MAX_KEEP = 1024  # and at most this many (two batches, if the batches are smaller)
+MAX_WRAPPERS = 4  # batch samplers wrapping batch samplers, looked through for the sampler that draws
 EVERY_BATCH = 20  # the first batches of a pass are written one by one: early crashes lose nothing
 PART_INTERVAL_S = 1.0
 # Other probes that follow every pass, iterable datasets included (the content probe): objects with
@@ -99,7 +102,8 @@ class _Pass:
             "dataset_digest": _identity(base),
             "skipped_batches": _skipped_batches(loader),
         }
-        self.keep = min(1024, max(HEAD_TAIL, 2 * (loader.batch_size or 1)))
+        self.keep = min(MAX_KEEP, max(HEAD_TAIL, 2 * (_batch_size(loader) or 1)))
+        self.keep_fitted = False
         self.tail: collections.deque = collections.deque(maxlen=self.keep)
 
     def yielded(self) -> None:
@@ -131,6 +135,7 @@ class _Pass:
             del self.drawn[: self.num_unwritten]
             self.tracker.flush()
             self.num_unwritten = 0
+            self.fit_keep(fresh)
             flat = None if self.opaque else _flatten(fresh)
             if flat is None:
                 self.opaque = True
@@ -149,6 +154,20 @@ class _Pass:
                 steps=self.fed.steps, ddp_forwards=self.fed.forwards, sampler=self.sampler_info, site=self.site, **self.loader_info))
             self.part += 1
             self.last_write = time.monotonic()
+
+    def fit_keep(self, batches: list[Any]) -> None:
+        """Keep two whole batches in order at each end, sized from the first batch drawn when the
+        loader does not say its batch size (a batch sampler wrapping another): wrap-around padding
+        of a whole batch is recognised only if the first and last batches are kept whole."""
+        if self.keep_fitted or not batches:
+            return
+        self.keep_fitted = True
+        first = batches[0]
+        size = len(first) if isinstance(first, (list, tuple, np.ndarray)) else 1
+        keep = min(MAX_KEEP, max(self.keep, 2 * size))
+        if keep > self.keep:
+            self.keep = keep
+            self.tail = collections.deque(self.tail, maxlen=keep)
 
 
 def _flatten(batches: list[Any]) -> Optional[np.ndarray]:
@@ -234,16 +253,65 @@ def _safe_len(obj: Any) -> Optional[int]:
         return None
 
 
+def _inner_sampler(sampler: Any) -> Optional[Sampler]:
+    """The sampler a (batch) sampler wraps, read from its own attributes (never a property):
+    BatchSampler's ``sampler``, or a batch sampler held by another (Accelerate's BatchSamplerShard
+    keeps the loader's BatchSampler as ``batch_sampler``)."""
+    attributes = getattr(sampler, "__dict__", None)
+    if not isinstance(attributes, dict):
+        return None
+    for name in ("batch_sampler", "sampler"):
+        inner = attributes.get(name)
+        if isinstance(inner, Sampler) and inner is not sampler:
+            return inner
+    return None
+
+
 def _real_sampler(loader: DataLoader) -> Any:
-    inner = getattr(loader.batch_sampler, "sampler", None)
-    return inner if inner is not None else loader.sampler
+    """The sampler that decides the draws: the innermost under the batch samplers that wrap it (a
+    custom batch sampler that wraps none draws itself; the loader's own ``sampler`` is then unused).
+    A DistributedSampler is where the sharding is decided, so the walk stops there."""
+    sampler = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    for _ in range(MAX_WRAPPERS):
+        inner = None if isinstance(sampler, DistributedSampler) else _inner_sampler(sampler)
+        if inner is None:
+            break
+        sampler = inner
+    return sampler
+
+
+def _batch_size(loader: DataLoader) -> Optional[int]:
+    """The loader's batch size, or that of the batch sampler it was given."""
+    size = loader.batch_size
+    if size is None:
+        size = getattr(loader.batch_sampler, "__dict__", {}).get("batch_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+
+def _population(sampler: Any) -> Optional[int]:
+    """How many sample positions the sampler draws from, where its type says: None for a custom
+    sampler, and for random draws with replacement or of a set number (some samples are left out
+    by design)."""
+    try:
+        if isinstance(sampler, DistributedSampler):
+            return _safe_len(sampler.dataset)
+        if isinstance(sampler, SubsetRandomSampler):
+            return _safe_len(sampler.indices)
+        if isinstance(sampler, RandomSampler) and (sampler.replacement
+                                                   or getattr(sampler, "_num_samples", None) is not None):
+            return None
+        if isinstance(sampler, (SequentialSampler, RandomSampler)):
+            return _safe_len(sampler.data_source)
+    except Exception:  # a dataset whose __len__ needs what is not there yet: unknown, never a probe error
+        return None
+    return None
 
 
 def _sampler_info(loader: DataLoader) -> SamplerInfo:
     sampler = _real_sampler(loader)
     info = SamplerInfo(type=type(sampler).__name__, distributed=isinstance(sampler, DistributedSampler),
                        batch_sampler=type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None,
-                       shuffle=type(sampler).__name__ == "RandomSampler")
+                       shuffle=isinstance(sampler, RandomSampler), population=_population(sampler))
     for attr in ("num_replicas", "rank", "shuffle", "drop_last", "seed", "epoch", "num_samples", "total_size"):
         value = getattr(sampler, attr, None)
         if isinstance(value, (int, bool)):
