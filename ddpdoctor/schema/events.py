@@ -436,6 +436,9 @@ class ContentPass(Event):
     first_forward: Optional[int] = None  # "forward" windows: the module's training forward (1-based) of digests[0]
     digests: list = field(default_factory=list)  # "forward" windows, this part: one digest per forward's whole batch
     # (prefixed "s:" when the input was not the feeding loader's batch as yielded: made in the script)
+    # This part's kept row hashes in the order they were fed (``hashes`` holds them sorted), until the
+    # pass has given 1024 of them: whether the rows two ranks share came in the same order.
+    sequence: list = field(default_factory=list)
 
 
 # -- collectives --------------------------------------------------------------------------------

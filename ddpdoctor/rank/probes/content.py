@@ -11,7 +11,8 @@ A batch that goes straight from the loader into the model is fingerprinted once.
 
 Memory per rank and pass: at most ``MAX_KEPT_ROWS`` hashes (8 bytes each); beyond that the
 sampling level rises and only rows whose hash has that many leading zero bits are kept, the same
-rows on every rank.
+rows on every rank. The first ``SEQUENCE_ROWS`` kept rows are also written in feeding order, so
+the analysis can tell ranks reading one stream in the same order from ranks drawing at random.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ PROBE = "content"
 MAX_KEPT_ROWS = 8192  # per pass (or window) and rank
 STREAMS: SideTable["_Stream"] = SideTable()  # DataLoader iterator -> its content pass
 FORWARD_WINDOW = 64  # DDP training forwards per window of the forward-input stream
+SEQUENCE_ROWS = 1024  # per pass (or window) and rank: kept rows also written in feeding order
 PART_INTERVAL_S = 1.0
 
 
@@ -61,7 +63,8 @@ class _Stream:
         self.order = hashlib.blake2b(digest_size=8)
         self.level = 0
         self.kept: list[int] = []  # every kept hash at the current level, to know when to raise it
-        self.fresh: list[int] = []  # kept hashes not yet written
+        self.fresh: list[int] = []  # kept hashes not yet written, in feeding order
+        self.sequenced = 0  # kept hashes written in feeding order so far (up to SEQUENCE_ROWS)
         self.head: list[int] = []
         self.tail: collections.deque = collections.deque(maxlen=64)
         self.num_batches = self.num_rows = self.batch_rows = self.part = 0
@@ -103,12 +106,14 @@ class _Stream:
             else:
                 steps = self.rec.num_steps - self.start_steps
                 forwards = ddp_probe.total_synced_forwards() - self.start_forwards
+            sequence = self.fresh[: max(0, SEQUENCE_ROWS - self.sequenced)]
+            self.sequenced += len(sequence)
             self.rec.emit(ContentPass(
                 **self.fields, part=self.part, final=final, complete=complete, num_batches=self.num_batches,
                 num_rows=self.num_rows, batch_rows=self.batch_rows, level=self.level,
                 hashes=encode_indices(self.fresh), order=self.order.hexdigest(), head=list(self.head),
                 tail=list(self.tail), steps=steps, ddp_forwards=forwards, first_forward=self.first_forward,
-                digests=self.digests))
+                digests=self.digests, sequence=sequence))
             self.fresh = []
             if self.first_forward is not None:
                 self.first_forward += len(self.digests)  # the next part's first forward
