@@ -7,7 +7,7 @@ from typing import Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap
+from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap, repeat_count
 from ddpdoctor.schema.events import LoaderPass, SamplerInfo
 
 from ._common import fmt_ranks
@@ -24,9 +24,23 @@ sampler or batch sampler, with any number of workers, and compares the ranks' se
   `DistributedSampler`, samplers seeded differently per rank, wrong `num_replicas`/`rank`);
 - **never seen**: samples no rank drew (e.g. `num_replicas` larger than the world size);
 - **padding duplicates**: `DistributedSampler` (or any sampler that evens out the last batches by
-  wrapping around, like Accelerate's `even_batches`) repeats a few samples so every rank gets the
-  same count. Harmless for training, reported as info; in an evaluation loader they are counted
-  twice in your metrics, reported as a warning.
+  wrapping around, like Accelerate's `even_batches`, even when the copy is a whole batch) repeats a
+  few samples so every rank gets the same count. Harmless for training, reported as info; in an
+  evaluation loader they are counted twice in your metrics, reported as a warning.
+
+The sampler named is the one that draws, under the batch samplers that wrap it (Accelerate's
+`BatchSamplerShard` around the loader's `RandomSampler`). Samples never drawn are counted against
+what that sampler covers: a `DistributedSampler`'s dataset (under Lightning's
+`DistributedSamplerWrapper`, the wrapped sampler: a k-fold `SubsetRandomSampler(train_ids)` covers
+its fold, not the dataset), a `SubsetRandomSampler`'s indices. A custom sampler's coverage is
+unknown, so nothing is said about samples it never drew.
+
+A custom sampler that knows the ranks (its `num_replicas` is the world size and its `rank` each
+rank's own), draws a different slice on each rank and draws nearly every sample the same number of
+times in all repeats samples on purpose (repeated augmentation: DeiT's `RASampler`, timm's
+`RepeatAugSampler`): info naming the repetition. A `DistributedSampler` with the wrong
+`num_replicas`/`rank`, or a custom sampler whose slices overlap at random (shuffled with a seed that
+depends on the rank), stays an error.
 
 Where indices cannot tell (an `IterableDataset` or streaming pipeline with no sampler, a dataset
 each rank builds in its own order behind a non-shuffling `DistributedSampler`, hand-written
@@ -37,6 +51,18 @@ and the data's own duplicates explain, is an error naming the DataLoader and its
 (or "forward input") and the fix for the pattern: shard the stream by rank and worker, sort or
 seed the file list, use `DistributedSampler`. When the indices already show the overlap, the
 content finding is listed as its consequence.
+
+An `IterableDataset` may sample at random on purpose, each rank with its own seed (llama2.c's
+`PretokDataset`: `seed = 42 + worker_id + 1337 * rank`), as nanoGPT's `get_batch` does: ranks that
+draw from one pool at the same time share about the fraction of the pool each has read. The order
+tells it from a stream read alike: rows two ranks share come in the same order when the ranks read
+one stream (an error), in unrelated orders when each draws its own sample (info: random sampling,
+not a partition), unless every rank read its whole stream to the end (every rank saw all the data
+that epoch: an error). Identical batches at the same step on several ranks are an error, unless the
+DataLoader that fed them gave the ranks disjoint positions of one dataset and each rank's own
+samples repeat each other: then the data holds identical samples (a synthetic dataset with one
+blank image for every index), reported as info. Disjoint positions with identical batches and no
+repeats within a rank mean a dataset whose items do not follow their index: an error.
 
 Indices mean the same sample only when the ranks share one dataset. A dataset each rank builds
 for itself (each rank's slice `files[rank::world_size]` of a file list, as openai/improved-diffusion's
@@ -68,17 +94,22 @@ loader = DataLoader(dataset, batch_size=64, sampler=sampler)
 """
 
 
-def _expected_padding(sampler: SamplerInfo, dataset_len: int) -> int:
+# Info findings of samples several ranks fed that are no sharding bug: random draws per rank,
+# repetition by design, a dataset of identical samples.
+_NOT_A_BUG = ("random-draws", "repetition", "identical-samples")
+
+
+def _expected_padding(sampler: SamplerInfo, population: int) -> int:
     if sampler.distributed and not sampler.drop_last and sampler.total_size:
-        return max(0, sampler.total_size - dataset_len)
+        return max(0, sampler.total_size - population)
     return 0
 
 
-def _expected_unseen(sampler: SamplerInfo, loader_drop_last: bool, batch_size: Optional[int], dataset_len: int,
+def _expected_unseen(sampler: SamplerInfo, loader_drop_last: bool, batch_size: Optional[int], population: int,
                      world_size: int) -> int:
     allowed = 0
     if sampler.distributed and sampler.drop_last and sampler.num_samples:
-        allowed += max(0, dataset_len - sampler.num_samples * world_size)
+        allowed += max(0, population - sampler.num_samples * world_size)
     if loader_drop_last and batch_size:
         allowed += world_size * (batch_size - 1)
     return allowed
@@ -102,7 +133,47 @@ def _is_wraparound(events: dict[int, LoaderPass], drawn_sets: Overlap, world_siz
     return all(i in firsts and i in lasts for i in drawn_sets.shared.tolist())
 
 
+def _sampler_name(sampler: SamplerInfo) -> str:
+    """The sampler that drew, and the batch sampler around it where that one is not the plain
+    BatchSampler (Accelerate's BatchSamplerShard shards and pads the batches of the loader's own)."""
+    if sampler.batch_sampler in (None, "BatchSampler", sampler.type):
+        return sampler.type
+    return f"{sampler.type} under {sampler.batch_sampler}"
+
+
+def _deliberate_repeats(events: dict[int, LoaderPass], world_size: int) -> Optional[int]:
+    """How many times a sampler that knows the ranks draws each sample across them on purpose
+    (repeated augmentation: DeiT's RASampler, timm's RepeatAugSampler), or None. Deliberate when it
+    is not a DistributedSampler (whose repeats are padding or a misconfiguration), every rank's
+    sampler carries the process group's world size and that rank's own rank, every rank drew a
+    different multiset (a slice that depends on the rank), and nearly every sample drawn was drawn
+    the same number of times, at least twice, in all. A sampler seeded by the rank overlaps at
+    random: some samples on one rank, some on two, some on none."""
+    if len(events) != world_size or any(e.sampler.distributed or e.indices is None for e in events.values()):
+        return None
+    if any(e.sampler.num_replicas != world_size or e.sampler.rank != r for r, e in events.items()):
+        return None
+    return repeat_count({r: e.indices for r, e in events.items()})
+
+
+def _repetition_finding(key: tuple[str, int], events: dict[int, LoaderPass], repeats: int, shared: int,
+                        population: Optional[int], base: dict, ranks: tuple[int, ...]) -> Finding:
+    sampler = events[min(events)].sampler
+    return Finding(
+        check=ID, severity="info", ranks=ranks, location=Location.from_site(events[min(events)].site),
+        evidence={**base, "kind": "repetition", "num_shared": shared, "repeats": repeats},
+        message=(f"{sampler.type} draws every sample {repeats} times across the {len(events)} ranks on purpose "
+                 f"(repeated augmentation): it knows the ranks (num_replicas={sampler.num_replicas} and each "
+                 f"rank's own rank), so {shared} of {population} samples of the training DataLoader were drawn by "
+                 f"more than one rank in pass {key[1]}"),
+        fix="Nothing to do if the repetition is intended (each copy is augmented differently).")
+
+
 def _fix_for(sampler: SamplerInfo, world_size: int) -> str:
+    if not sampler.distributed and sampler.rank is not None and sampler.num_replicas == world_size:
+        return (f"{sampler.type} knows the ranks, yet their draws overlap: shuffle with a seed that is the same on "
+                "every rank (seed + epoch, never the rank) before taking the rank's slice, or use "
+                "`DistributedSampler(dataset)` and `sampler.set_epoch(epoch)`.")
     if not sampler.distributed:
         return ("Give the training DataLoader a `DistributedSampler(dataset)` (sampler=..., and no shuffle=True on "
                 "the loader), and call `sampler.set_epoch(epoch)` every epoch.")
@@ -138,14 +209,20 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     shared = drawn_sets.shared
     location = Location.from_site(any_event.site)
     loader_name = f"the {'training' if is_train else 'evaluation'} DataLoader"
-    base = {"loader": key[0], "pass": key[1], "sampler": sampler.type, "dataset_len": dataset_len,
+    base = {"loader": key[0], "pass": key[1], "sampler": sampler.type, "batch_sampler": sampler.batch_sampler,
+            "dataset_len": dataset_len, "population": sampler.population,
             "samples_per_rank": {str(r): e.num_samples for r, e in sorted(events.items())},
             "epoch": sampler.epoch}
     ranks = tuple(sorted(per_rank))
-    padding = _expected_padding(sampler, dataset_len or 0)
+    # What the sampler draws from: a sampler over a fold of the dataset covers the fold only.
+    population = sampler.population if sampler.population is not None else dataset_len
+    padding = _expected_padding(sampler, population or 0)
     wraparound = len(shared) > padding and _is_wraparound(events, drawn_sets, world_size)
     if len(shared) > padding and not wraparound:
         everyone_everything = all(size == drawn_sets.union for size in drawn_sets.sizes.values())
+        repeats = _deliberate_repeats(events, world_size) if is_train else None
+        if repeats is not None:
+            return _repetition_finding(key, events, repeats, len(shared), population, base, ranks)
         evidence = {**base, "num_shared": len(shared), "shared_examples": shared[:10].tolist()}
         if not is_train and everyone_everything:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
@@ -155,16 +232,16 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
                                "metric sums, or evaluate on rank 0 only.")
         severity = "error" if is_train else "warning"
         return Finding(check=ID, severity=severity, ranks=ranks, location=location, evidence=evidence,
-                       message=(f"{len(shared)} of {dataset_len} samples of {loader_name} were drawn by more than one "
-                                f"rank in pass {key[1]} (sampler {sampler.type})"),
+                       message=(f"{len(shared)} of {population} samples of {loader_name} were drawn by more than one "
+                                f"rank in pass {key[1]} (sampler {_sampler_name(sampler)})"),
                        fix=_fix_for(sampler, world_size))
     if len(shared):
         evidence = {**base, "num_padding_duplicates": len(shared), "padding_examples": shared[:10].tolist()}
-        who = "DistributedSampler" if sampler.distributed and not wraparound else f"the sampler ({sampler.type})"
+        who = "DistributedSampler" if sampler.distributed and not wraparound else f"the sampler ({_sampler_name(sampler)})"
         if is_train:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
                            message=(f"{who} padded {loader_name} with {len(shared)} repeated samples so "
-                                    f"every rank gets the same count ({dataset_len} samples on {world_size} ranks)"),
+                                    f"every rank gets the same count ({population} samples on {world_size} ranks)"),
                            fix="Nothing to do for training; drop_last=True on the sampler avoids the repeats.")
         return Finding(check=ID, severity="warning", ranks=ranks, location=location, evidence=evidence,
                        message=(f"{who} padded {loader_name} with {len(shared)} repeated samples: metrics "
@@ -174,17 +251,20 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
                             "counts with all_reduce, or make the dataset size a multiple of the world size."))
     same_domain = len({e.domain for e in events.values()}) == 1
     complete = all(e.complete for e in events.values()) and len(events) == world_size
-    if complete and dataset_len and same_domain:
-        unseen = dataset_len - drawn_sets.union
-        allowed = _expected_unseen(sampler, any_event.drop_last, any_event.batch_size, dataset_len, world_size)
+    known = {e.sampler.population for e in events.values()}
+    # Samples never drawn count only against a population the samplers state, the same on every rank
+    # (a custom sampler's is unknown: it may leave samples out by design).
+    if complete and same_domain and len(known) == 1 and None not in known and population:
+        unseen = population - drawn_sets.union
+        allowed = _expected_unseen(sampler, any_event.drop_last, any_event.batch_size, population, world_size)
         # a resumed epoch: the batches trained before the checkpoint are skipped, never drawn
         allowed += sum(e.skipped_batches * (e.batch_size or 1) for e in events.values())
         if unseen > allowed:
-            severity = "error" if unseen > dataset_len // 4 else "warning"
+            severity = "error" if unseen > population // 4 else "warning"
             return Finding(check=ID, severity=severity, ranks=ranks, location=location,
                            evidence={**base, "num_unseen": unseen, "expected_unseen": allowed,
                                      "sampler_num_replicas": sampler.num_replicas, "world_size": world_size},
-                           message=(f"{unseen} of {dataset_len} samples of {loader_name} were drawn by no rank in "
+                           message=(f"{unseen} of {population} samples of {loader_name} were drawn by no rank in "
                                     f"pass {key[1]}"),
                            fix=_fix_for(sampler, world_size))
     return None
@@ -234,6 +314,9 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not findings:
         return CheckResult(summary=clean)
     worst = [f for f in findings if f.severity != "info"]
+    notes = [f for f in findings if f.evidence.get("kind") in _NOT_A_BUG]
+    if notes and not worst:  # shared samples that are no sharding bug, explained in the findings
+        clean = f"{len(comparable) + num_content} passes compared: no sharding bug ({len(notes)} explained overlap(s))"
     summary = (f"overlapping or missing samples in {len(worst)} loader(s)" if worst else clean)
     return CheckResult(findings=findings, summary=summary + (f" ({fmt_ranks(worst[0].ranks)})" if worst else ""))
 

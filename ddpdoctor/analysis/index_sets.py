@@ -8,18 +8,23 @@ a small share of a large range).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from ddpdoctor.schema.indices import decode_unsorted
 
-__all__ = ["Overlap", "distinct_indices", "overlap"]
+__all__ = ["Overlap", "distinct_indices", "overlap", "repeat_count"]
 
 # A table this many times longer than the indices it counts (plus a fixed allowance) is still
 # cheaper than sorting them.
 _DENSE_FACTOR = 8
 _DENSE_ALLOWANCE = 1 << 16
+# Share of the drawn samples that must have been drawn the same number of times, for that number to
+# be a repetition by design (the last few of an epoch's repeated list may be cut short).
+REPEAT_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -61,3 +66,21 @@ def overlap(per_rank: dict[int, np.ndarray]) -> Overlap:
         return Overlap(sizes=sizes, union=int(np.count_nonzero(counts)), shared=np.flatnonzero(counts > 1) + low)
     unique, counts = np.unique(values, return_counts=True)
     return Overlap(sizes=sizes, union=int(unique.size), shared=unique[counts > 1])
+
+
+def repeat_count(encoded: dict[int, str]) -> Optional[int]:
+    """The number k >= 2 of times nearly every drawn sample was drawn in all, given each rank's
+    encoded draws (duplicates kept), when every rank drew a different multiset: each sample repeated
+    on k draws by design (repeated augmentation). None when the counts vary (random overlap) or two
+    ranks drew the same samples alike."""
+    draws = [np.sort(decode_unsorted(e)) for e in encoded.values()]
+    if len({hashlib.blake2b(d.astype("<i8").tobytes(), digest_size=16).digest() for d in draws}) < len(draws):
+        return None
+    values = np.concatenate(draws) if draws else np.empty(0, dtype=np.int64)
+    if not values.size:
+        return None
+    counts = np.unique(values, return_counts=True)[1]
+    k = int(np.bincount(counts).argmax())
+    if k < 2 or np.count_nonzero(counts == k) < REPEAT_SHARE * counts.size:
+        return None
+    return k

@@ -249,24 +249,30 @@ def distributed_shard(dataset_len: int, world_size: int, rank: int, *, num_repli
     return [i % dataset_len for i in range(rank, total, replicas)]
 
 
+_DATASET_LEN = -1  # loader_pass: the sampler covers the whole dataset, as torch's own samplers say
+
+
 def loader_pass(indices: list[int], *, loader: str = f"{SCRIPT}:12", number: int = 0, steps: Optional[int] = None,
                 ddp_forwards: Optional[int] = None, sampler: Optional[ev.SamplerInfo] = None,
                 dataset_len: Optional[int] = None, base_len: Optional[int] = None, domain: Optional[str] = None,
                 complete: bool = True, batch_size: int = 1, drop_last: bool = False,
                 num_batches: Optional[int] = None, order: Optional[str] = None, line: int = 12,
                 final: bool = True, part: int = 0, keep: int = 64,
-                dataset_digest: Optional[str] = None) -> ev.LoaderPass:
+                dataset_digest: Optional[str] = None, population: Optional[int] = _DATASET_LEN) -> ev.LoaderPass:
     """A loader_pass event, in draw order. ``steps`` defaults to the number of batches (a training
     pass) and ``ddp_forwards`` to ``steps``; 0 = evaluation. ``final=False``: a part written while
     the pass was still open (then complete is False). ``dataset_digest``: the dataset's identity
-    (different on ranks that built their own datasets)."""
+    (different on ranks that built their own datasets). ``population``: what the sampler covers
+    (default ``dataset_len``; None: unknown, a custom sampler)."""
     batches = -(-len(indices) // batch_size) if num_batches is None else num_batches
     steps = batches if steps is None else steps
+    sampler = copy.copy(sampler or plain_sampler())
+    sampler.population = dataset_len if population == _DATASET_LEN else population
     return ev.LoaderPass(loader=loader, number=number, part=part, final=final, complete=complete and final,
                          num_batches=batches, num_samples=len(indices), indices=encode_indices(indices),
                          order=order_hash(indices) if order is None else order, steps=steps,
                          ddp_forwards=steps if ddp_forwards is None else ddp_forwards,
-                         sampler=sampler or plain_sampler(), site=site(line), batch_size=batch_size,
+                         sampler=sampler, site=site(line), batch_size=batch_size,
                          drop_last=drop_last, dataset_len=dataset_len, base_len=base_len or dataset_len,
                          dataset_type="TensorDataset", subset=domain is not None, domain=domain,
                          head=indices[:keep], tail=indices[-keep:], dataset_digest=dataset_digest)

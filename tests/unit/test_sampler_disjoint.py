@@ -9,6 +9,7 @@ from builders import (SCRIPT, content_pass, ddp_wrap, distributed_sampler, distr
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.sampler_disjoint import analyze
+from ddpdoctor.schema.events import SamplerInfo
 
 
 def ds_passes(dataset_len, world_size, *, steps=None, number=0, num_replicas=None, **kwargs):
@@ -320,3 +321,109 @@ def test_a_pass_written_in_parts_is_judged_whole():
     finding = only_finding(analyze(evidence))
     assert finding.severity == "warning"
     assert finding.evidence["num_unseen"] == 1
+
+
+# -- a whole batch padded by wrap-around (Accelerate's even_batches) ---------------------------------
+
+def test_a_whole_batch_of_wrap_around_padding_under_a_sharding_batch_sampler_is_info_naming_the_sampler():
+    """Five shuffled batches of 96 on two ranks: rank 1's third batch is a copy of the first one."""
+    order = random.Random(0).sample(range(480), 480)
+    batches = [order[i:i + 96] for i in range(0, 480, 96)]
+    sampler = plain_sampler("RandomSampler")
+    sampler.batch_sampler = "BatchSamplerShard"
+    draws = {0: batches[0] + batches[2] + batches[4], 1: batches[1] + batches[3] + batches[0]}
+    evidence = make_evidence(2, {r: [loader_pass(d, dataset_len=480, batch_size=None, num_batches=3, keep=192,
+                                                 sampler=sampler)] for r, d in draws.items()})
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "info" and finding.evidence["num_padding_duplicates"] == 96
+    assert finding.message == ("the sampler (RandomSampler under BatchSamplerShard) padded the training DataLoader "
+                               "with 96 repeated samples so every rank gets the same count (480 samples on 2 ranks)")
+
+
+# -- repetition by design (DeiT's RASampler) --------------------------------------------------------
+
+def _repeated(num_samples: int, world_size: int, *, repeats: int = 3, keep: int = 0) -> dict[int, list[int]]:
+    """RASampler's draws: each shuffled index ``repeats`` times, a rank's slice, its first ``keep``."""
+    order = random.Random(0).sample(range(num_samples), num_samples)
+    listed = [i for i in order for _ in range(repeats)]
+    return {r: listed[r::world_size][:keep or None] for r in range(world_size)}
+
+
+def _rank_aware(type_: str, world_size: int, rank: int) -> SamplerInfo:
+    sampler = plain_sampler(type_)
+    sampler.num_replicas, sampler.rank = world_size, rank
+    return sampler
+
+
+def test_a_sampler_that_knows_the_ranks_and_repeats_every_sample_on_purpose_is_info():
+    draws = _repeated(512, 2, keep=256)
+    evidence = make_evidence(2, {r: [loader_pass(d, dataset_len=512, population=None,
+                                                 sampler=_rank_aware("RASampler", 2, r))] for r, d in draws.items()})
+    result = analyze(evidence)
+    finding = only_finding(result)
+    assert finding.severity == "info" and finding.evidence["repeats"] == 3
+    assert finding.message == ("RASampler draws every sample 3 times across the 2 ranks on purpose (repeated "
+                               "augmentation): it knows the ranks (num_replicas=2 and each rank's own rank), so 171 "
+                               "of 512 samples of the training DataLoader were drawn by more than one rank in pass 0")
+    assert result.status == "pass" and "no sharding bug" in result.summary
+
+
+def test_repetition_on_four_ranks_is_info_too():
+    draws = _repeated(256, 4)
+    evidence = make_evidence(4, {r: [loader_pass(d, dataset_len=256, population=None,
+                                                 sampler=_rank_aware("RepeatAugSampler", 4, r))]
+                                 for r, d in draws.items()})
+    assert only_finding(analyze(evidence)).evidence["repeats"] == 3
+
+
+def test_a_rank_aware_sampler_whose_slices_overlap_at_random_is_an_error_with_the_seed_fix():
+    """ShardSampler(rank, num_replicas) shuffling with a seed that depends on the rank."""
+    draws = {r: random.Random(1000 * r).sample(range(512), 512)[r::2] for r in range(2)}
+    evidence = make_evidence(2, {r: [loader_pass(d, dataset_len=512, population=None,
+                                                 sampler=_rank_aware("ShardSampler", 2, r))] for r, d in draws.items()})
+    finding = only_finding(analyze(evidence))
+    assert finding.severity == "error" and "(sampler ShardSampler)" in finding.message
+    assert finding.fix.startswith("ShardSampler knows the ranks, yet their draws overlap: shuffle with a seed that "
+                                  "is the same on every rank")
+
+
+def test_repetition_is_not_deliberate_when_the_sampler_does_not_know_the_ranks():
+    draws = _repeated(512, 2, keep=256)
+    wrong_rank = {r: [loader_pass(d, dataset_len=512, population=None, sampler=_rank_aware("RASampler", 2, 0))]
+                  for r, d in draws.items()}
+    assert only_finding(analyze(make_evidence(2, wrong_rank))).severity == "error"
+    same_draws = {r: [loader_pass(draws[0], dataset_len=512, population=None, sampler=_rank_aware("RASampler", 2, r))]
+                  for r in range(2)}
+    assert only_finding(analyze(make_evidence(2, same_draws))).severity == "error"
+
+
+def test_a_distributed_sampler_whose_draws_repeat_alike_is_never_deliberate():
+    """DistributedSampler(num_replicas=1) on two ranks: every sample twice, the same on each rank."""
+    evidence = make_evidence(2, ds_passes(64, 2, num_replicas=1))
+    assert only_finding(analyze(evidence)).severity == "error"
+
+
+# -- the population a sampler covers ---------------------------------------------------------------
+
+def test_samples_outside_a_wrapped_fold_sampler_are_not_unseen():
+    """Fabric's kfold: DistributedSamplerWrapper(SubsetRandomSampler(train_ids)), 128 of 256 samples."""
+    fold = random.Random(0).sample(range(128), 128)
+    evidence = make_evidence(2, {r: [loader_pass(fold[r::2], dataset_len=256, population=128,
+                                                 sampler=distributed_sampler(2, r, 128))] for r in range(2)})
+    result = analyze(evidence)
+    assert result.findings == [] and result.status == "pass"
+
+
+def test_a_fold_sampler_drawn_by_half_leaves_its_other_half_unseen():
+    fold = list(range(128))
+    evidence = make_evidence(2, {r: [loader_pass(fold[r::4], dataset_len=256, population=128,
+                                                 sampler=distributed_sampler(2, r, 128, num_replicas=4))]
+                                 for r in range(2)})
+    finding = only_finding(analyze(evidence))
+    assert finding.message == "64 of 128 samples of the training DataLoader were drawn by no rank in pass 0"
+
+
+def test_nothing_is_unseen_where_the_sampler_does_not_say_what_it_covers():
+    evidence = make_evidence(2, {r: [loader_pass(list(range(r * 10, r * 10 + 10)), dataset_len=100, population=None,
+                                                 sampler=plain_sampler("CustomSampler"))] for r in range(2)})
+    assert analyze(evidence).findings == []
