@@ -30,11 +30,16 @@ _FIX_ORDER = ("Build the dataset in the same order on every rank: sort the file 
 # at least this share of the forwards compared (a constant input now and then is not a pattern).
 MIN_SAME_FORWARDS = 2
 SAME_FRACTION = 0.5
+# Rows of a rank's own DDP inputs that repeat another of its rows, from which identical batches on
+# disjoint sample positions are the data's own (every sample alike), not the sampling's.
+IDENTICAL_ROWS = 0.5
 _FIX_RANK_LOCAL = ("Give each rank a disjoint part of the data: build the dataset the same way on every rank and "
                    "shard it with `DistributedSampler(dataset)`, or keep a dataset per rank built from a disjoint "
                    "slice of a list sorted the same way everywhere (`sorted(files)[rank::world_size]`).")
 _FIX_FORWARD = ("Give each rank its own part of the data: a DataLoader with `DistributedSampler(dataset)`, or "
                 "batches drawn per rank (a generator seeded with seed + rank, or index ranges split by rank).")
+_FIX_INDEX = ("Make the dataset's `__getitem__(index)` return the sample at `index` (draw synthetic samples from a "
+              "generator seeded with the index, or with seed + rank), so disjoint positions give different samples.")
 _FIX_MADE = ("Draw the inputs the script makes (noise, synthetic batches) per rank: from a `torch.Generator` seeded "
              "with seed + rank, or seed each rank's global generator with seed + rank after the model is built "
              "and wrapped (so the replicas still start equal).")
@@ -104,15 +109,26 @@ def _forward_confirms(evidence: Evidence, key: str, number: int) -> Optional[boo
     return any(o.significant for o in judged)
 
 
+def _iterable_why(event: ContentPass, order: Optional[content.Order], whole_pool: bool) -> str:
+    """Why an IterableDataset's ranks overlap: what the stream's order and coverage show."""
+    why = "an IterableDataset has no sampler: every rank reads what its __iter__ yields"
+    if order is not None and order.aligned:
+        why += ", and the ranks read one stream in the same order"
+    elif order is not None and whole_pool:
+        why += ", and every rank read the whole stream to its end, each in its own order"
+    if event.num_workers > 1:
+        why += (f"; with num_workers={event.num_workers} sharding by worker alone is not enough, each rank's "
+                "workers read the same shards")
+    return why
+
+
 def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap, *, view: str,
-                    confirmed: Optional[bool], world_size: int) -> Finding:
+                    confirmed: Optional[bool], world_size: int, order: Optional[content.Order] = None) -> Finding:
     event = content.first(streams)
     source = f"the training DataLoader over {event.dataset_type}"
     if event.iterable:
         fix = _FIX_ITERABLE
-        why = ("an IterableDataset has no sampler: every rank reads what its __iter__ yields"
-               + (f"; with num_workers={event.num_workers} sharding by worker alone is not enough, each rank's "
-                  "workers read the same shards" if event.num_workers > 1 else ""))
+        why = _iterable_why(event, order, content.read_whole_pool(streams, result))
     elif view == "disjoint":
         fix, why = _FIX_ORDER, ("the sampler indices are disjoint, so the ranks hold the dataset in different orders "
                                 "(a file list shuffled without a fixed seed, or listed in directory order)")
@@ -134,7 +150,32 @@ def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: O
         fix=fix,
         evidence={"basis": "content", "source": "loader", "loader": key, "pass": number, "epoch": event.epoch,
                   "dataset_type": event.dataset_type, "iterable": event.iterable, "num_workers": event.num_workers,
-                  "indices": view, "forward_overlap": confirmed, "world_size": world_size, **result.as_evidence()})
+                  "indices": view, "forward_overlap": confirmed, "world_size": world_size, **result.as_evidence(),
+                  **(order.as_evidence() if order is not None else {})})
+
+
+def _random_draws_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap,
+                          order: content.Order) -> Finding:
+    """Info: an IterableDataset whose ranks share rows in unrelated orders, without reading the whole
+    stream: each rank draws its own random sample from one pool (a stream shuffled with a seed that
+    depends on the rank), so the ranks meet as often as random draws of that size do. Sampling, as
+    nanoGPT's get_batch does, not a partition: nothing proves a bug."""
+    event = content.first(streams)
+    pool = content.pool_size(streams, result)
+    pct = f"{100 * result.fraction:.0f}%"
+    return Finding(
+        check=SAMPLER_ID, severity="info", ranks=result.ranks, location=Location.from_site(event.site),
+        message=(f"{pct} of the samples each rank trained on in pass {number} of the training DataLoader over "
+                 f"{event.dataset_type} (an IterableDataset) were also fed to another rank, in unrelated orders: "
+                 "each rank draws its own random sample from one pool"
+                 + (f" of about {pool} samples" if pool else "")
+                 + ", which overlap this much by chance; random sampling, not a partition of the data"),
+        fix=("Nothing to do if each rank is meant to sample at random (seeded by rank). For disjoint shards, keep "
+             "every (world_size * num_workers)-th sample in `__iter__`, starting at rank * num_workers + worker_id."),
+        evidence={"basis": "content", "source": "loader", "kind": "random-draws", "loader": key, "pass": number,
+                  "epoch": event.epoch, "dataset_type": event.dataset_type, "iterable": True,
+                  "num_workers": event.num_workers, "pool_estimate": pool, **result.as_evidence(),
+                  **order.as_evidence()})
 
 
 def _eval_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap) -> Optional[Finding]:
@@ -213,6 +254,10 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
         feeds = next((e.feeds for e in involved if e.feeds), None)
         loader = feeds.rpartition("#")[0] if feeds else None
         made = all(per_rank[r][f].startswith("s:") for f in same for r in ranks if f in per_rank[r])
+        disjoint = not made and _feeding_disjoint(evidence, involved)
+        if disjoint and trained and _rows_repeat(evidence, key, ranks):
+            found[key] = _identical_samples_finding(key, loader, site, same, len(common), ranks)
+            continue
         what = "inputs" if made else "batches"
         if made and loader:
             source = (f"; the script made them (they are not the batches of the DataLoader at "
@@ -220,22 +265,66 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
         elif made:
             source = "; they did not come from a DataLoader"
         else:
-            source = f"; the batches came from the DataLoader at {loader.rsplit('/', 1)[-1]}"
+            source = f"; the batches came from the DataLoader at {loader.rsplit('/', 1)[-1]}" + (
+                ", although its sampler gave the ranks disjoint positions of one dataset: the dataset's items do "
+                "not follow the index they are asked for" if disjoint else "")
         found[key] = Finding(
             check=SAMPLER_ID, severity="error" if trained else "info", ranks=tuple(sorted(ranks)),
             location=Location.from_site(site),
             message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical {what} to DDP at {len(same)} of "
-                     f"{len(common)} training forwards (the same {what[:-1]} at the same step)"
+                     f"{len(common)} training forwards (the same {'input' if made else 'batch'} at the same step)"
                      + (": every rank trains on the same data, so the job does one rank's work N times" if trained
                         else ", but no optimizer step followed, so nothing was trained on them (a test or a "
                              "benchmark?)") + source),
-            fix=(_FIX_MADE if made and loader else _FIX_FORWARD) if trained
+            fix=(_FIX_MADE if made and loader else _FIX_INDEX if disjoint else _FIX_FORWARD) if trained
             else "Nothing to do if every rank is meant to see the same input.",
             evidence={"basis": "content", "source": "forward", "kind": "same-step", "module": key,
                       "loader": None if made else loader, "made_in_script": made,
+                      "indices": "disjoint" if disjoint else None,
                       "identical_forwards": len(same), "forwards_compared": len(common),
                       "first_identical_forward": same[0], "trained": trained})
     return _one_per_job(found)
+
+
+def _feeding_disjoint(evidence: Evidence, involved: list) -> bool:
+    """Every loader pass that fed these forward windows gave the ranks disjoint positions of one
+    dataset: the ranks drew different samples, so identical batches are not the sampler's doing."""
+    feeds = {e.feeds for e in involved}
+    if not feeds or None in feeds:
+        return False
+    for label in feeds:
+        loader, _, number = label.rpartition("#")
+        if _index_view(evidence, loader, int(number)) != "disjoint" or _rank_local_pass(evidence, loader, int(number)):
+            return False
+    return True
+
+
+def _rows_repeat(evidence: Evidence, key: str, ranks: set[int]) -> bool:
+    """Each rank's own inputs to DDP module ``key`` repeat rows of its own: the samples are alike (a
+    synthetic dataset that gives one blank image for every index). A dataset that ignores the index
+    it is asked for and yields the same sequence on every rank repeats nothing within a rank."""
+    rows: dict[int, list[int]] = {}
+    for (source, stream_key, _, _), streams in evidence.facts.content_streams.items():
+        if source == "forward" and stream_key == key:
+            for rank, stream in streams.items():
+                rows.setdefault(rank, []).extend(stream.hashes)
+    return all(rows.get(r) and 1 - len(set(rows[r])) / len(rows[r]) >= IDENTICAL_ROWS for r in ranks)
+
+
+def _identical_samples_finding(key: str, loader: Optional[str], site: list, same: list[int], num_common: int,
+                               ranks: set[int]) -> Finding:
+    num_same = len(same)
+    where = f"the DataLoader at {loader.rsplit('/', 1)[-1]}" if loader else "the DataLoader"
+    return Finding(
+        check=SAMPLER_ID, severity="info", ranks=tuple(sorted(ranks)), location=Location.from_site(site),
+        message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical batches to DDP at {num_same} of "
+                 f"{num_common} training forwards, but {where} gave them disjoint samples of one dataset: the "
+                 "dataset holds identical samples (a synthetic or constant dataset?), not a sharding bug"),
+        fix="Nothing to do for a smoke test on synthetic data; real data will differ by sample.",
+        evidence={"basis": "content", "source": "forward", "kind": "identical-samples", "module": key,
+                  "loader": loader, "made_in_script": False, "identical_forwards": num_same,
+                  "forwards_compared": num_common, "first_identical_forward": same[0], "indices": "disjoint",
+                  "trained": True})
 
 
 def _one_per_job(found: dict[str, Finding]) -> dict[str, Finding]:
@@ -278,8 +367,13 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
             if purpose == "training" and result.significant and not content.looks_like_padding(streams, result):
                 confirmed = _forward_confirms(evidence, key, number)
                 if confirmed is not False:
-                    finding = _loader_finding(key, number, streams, result, view=_index_view(evidence, key, number),
-                                              confirmed=confirmed, world_size=evidence.world_size)
+                    view = _index_view(evidence, key, number)
+                    order = content.shared_order(streams, result.level) if content.first(streams).iterable else None
+                    if order is not None and not order.aligned and not content.read_whole_pool(streams, result):
+                        finding = _random_draws_finding(key, number, streams, result, order)
+                    else:
+                        finding = _loader_finding(key, number, streams, result, view=view, confirmed=confirmed,
+                                                  world_size=evidence.world_size, order=order)
             elif (purpose == "evaluation" and result.shared
                   and (not _indexed(evidence, key, number) or _rank_local_pass(evidence, key, number))):
                 finding = _eval_finding(key, number, streams, result)

@@ -15,6 +15,13 @@ the other ranks with probability 1 - exp(-N / M). C is taken at an upper bound (
 so that a pass with few rows does not make chance look smaller than it is. A pass is flagged when
 the observed fraction is both large (``MIN_FRACTION``, ``MIN_SHARED`` rows) and well above chance
 (``CHANCE_FACTOR`` times it plus ``CHANCE_MARGIN``).
+
+Chance so measured assumes that a rank's draws spread over the whole corpus. Ranks that each shuffle
+one pool with their own seed and read it without replacement (llama2.c's PretokDataset, seeded with
+the rank) never repeat a row of their own, yet share about the fraction of the pool each has read.
+What tells that from ranks reading one stream is the order: rows two ranks share come in the same
+order when they read the same stream, in unrelated orders when each draws its own sample
+(:func:`shared_order`).
 """
 
 from __future__ import annotations
@@ -28,14 +35,19 @@ from typing import Iterable, Optional
 from ddpdoctor.schema.events import ContentPass
 from ddpdoctor.schema.indices import decode_indices
 
-__all__ = ["MIN_ROWS", "MIN_SHARED", "MIN_FRACTION", "CHANCE_FACTOR", "CHANCE_MARGIN", "StreamKey", "Stream",
-           "Overlap", "merge_streams", "overlap", "looks_like_padding", "repeated_orders", "feed_label", "first"]
+__all__ = ["MIN_ROWS", "MIN_SHARED", "MIN_FRACTION", "CHANCE_FACTOR", "CHANCE_MARGIN", "MIN_ORDERED", "StreamKey",
+           "Stream", "Overlap", "Order", "merge_streams", "overlap", "shared_order", "read_whole_pool", "pool_size",
+           "looks_like_padding", "repeated_orders", "feed_label", "first"]
 
 MIN_ROWS = 32  # distinct rows two ranks need in a pass before it is judged
 MIN_SHARED = 8
 MIN_FRACTION = 0.05
 CHANCE_FACTOR = 4.0
 CHANCE_MARGIN = 0.02
+MIN_ORDERED = 8  # shared rows whose feeding order two ranks recorded, before that order is judged
+ALIGNED_CORRELATION = 0.5  # rank correlation of the shared rows' positions that means "the same order"
+ALIGNED_SIGMAS = 2.5  # ... and how far above what unrelated orders give (1 / sqrt(n - 1) per sigma)
+WHOLE_POOL = 0.9  # a complete pass in which every rank fed at least this share of what others fed
 
 StreamKey = tuple  # (source, key, feeds, number)
 
@@ -46,6 +58,7 @@ class Stream:
 
     event: ContentPass
     hashes: tuple[int, ...]
+    sequence: tuple[int, ...] = ()  # the first kept hashes in feeding order (ContentPass.sequence)
 
     @property
     def level(self) -> int:
@@ -61,8 +74,9 @@ def merge_streams(events: Iterable[tuple[int, ContentPass]]) -> dict[StreamKey, 
     for (*key, rank), pieces in parts.items():
         pieces.sort(key=lambda p: p.part)
         hashes = tuple(h for p in pieces if p.hashes for h in decode_indices(p.hashes))
+        sequence = tuple(h for p in pieces for h in p.sequence)
         last = dataclasses.replace(pieces[-1], head=pieces[0].head) if len(pieces) > 1 else pieces[-1]
-        out.setdefault(tuple(key), {})[rank] = Stream(last, hashes)
+        out.setdefault(tuple(key), {})[rank] = Stream(last, hashes, sequence)
     return out
 
 
@@ -124,6 +138,87 @@ def overlap(streams: dict[int, Stream]) -> Overlap:
                    duplicate_rate={r: (1 - len(distinct[r]) / len(h) if h else 0.0) for r, h in rows.items()},
                    rows={r: len(h) for r, h in rows.items()}, level=level, shared=shared,
                    judged=sum(len(d) >= MIN_ROWS for d in distinct.values()) >= 2)
+
+
+@dataclass(frozen=True)
+class Order:
+    """How the rows two ranks share were ordered on each: Spearman's rank correlation of their
+    feeding positions (1: the same order; about 0: unrelated orders), over the pair of ranks that
+    agree most."""
+
+    correlation: float
+    num_rows: int  # shared rows compared, on that pair
+    ranks: tuple[int, int]
+
+    @property
+    def aligned(self) -> bool:
+        """The same order, beyond what unrelated orders give by chance."""
+        return (self.correlation >= ALIGNED_CORRELATION
+                and self.correlation * math.sqrt(self.num_rows - 1) >= ALIGNED_SIGMAS)
+
+    def as_evidence(self) -> dict:
+        return {"shared_order_correlation": round(self.correlation, 4), "shared_rows_ordered": self.num_rows,
+                "order_ranks": list(self.ranks)}
+
+
+def _positions(sequence: Iterable[int], level: int) -> dict[int, int]:
+    """Row hash -> its first feeding position, among the rows kept at ``level``."""
+    positions: dict[int, int] = {}
+    for h in _at_level(sequence, level):
+        positions.setdefault(h, len(positions))
+    return positions
+
+
+def _rank_correlation(pairs: list[tuple[int, int]]) -> float:
+    """Spearman's rho of distinct position pairs."""
+    n = len(pairs)
+    by_first = sorted(range(n), key=lambda i: pairs[i][0])
+    by_second = sorted(range(n), key=lambda i: pairs[i][1])
+    rank_first, rank_second = [0] * n, [0] * n
+    for r, i in enumerate(by_first):
+        rank_first[i] = r
+    for r, i in enumerate(by_second):
+        rank_second[i] = r
+    d2 = sum((a - b) ** 2 for a, b in zip(rank_first, rank_second))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def shared_order(streams: dict[int, Stream], level: int) -> Optional[Order]:
+    """The order of the rows each rank shares with the next (ranks in a ring, so it stays linear in
+    the ranks), at sampling ``level``; the most aligned pair judged. None: no pair recorded
+    ``MIN_ORDERED`` shared rows in order (old evidence, or shared rows fed after the recorded ones)."""
+    ranks = sorted(r for r, s in streams.items() if s.sequence)
+    positions = {r: _positions(streams[r].sequence, level) for r in ranks}
+    best: Optional[Order] = None
+    for a, b in zip(ranks, ranks[1:] + ranks[:1]):
+        if a == b:
+            continue
+        pairs = [(p, positions[b][h]) for h, p in positions[a].items() if h in positions[b]]
+        if len(pairs) < MIN_ORDERED:
+            continue
+        found = Order(correlation=_rank_correlation(pairs), num_rows=len(pairs), ranks=(a, b))
+        if best is None or found.correlation > best.correlation:
+            best = found
+    return best
+
+
+def read_whole_pool(streams: dict[int, Stream], result: "Overlap") -> bool:
+    """Every rank read to the end of its stream and fed (nearly) everything the others fed: the
+    ranks each read the whole data, whatever their orders; random draws leave most rows to one rank."""
+    return (all(s.event.complete for s in streams.values())
+            and min(result.per_rank.values(), default=0.0) >= WHOLE_POOL)
+
+
+def pool_size(streams: dict[int, Stream], result: "Overlap") -> Optional[int]:
+    """How many distinct rows a pool must hold for independent random draws of the ranks' sizes to
+    share as many as they did (Lincoln-Petersen, on the two lowest ranks, scaled back from the
+    sampling level); None when they shared none."""
+    ranks = sorted(streams)[:2]
+    if len(ranks) < 2:
+        return None
+    first, second = (set(_at_level(streams[r].hashes, result.level)) for r in ranks)
+    shared = len(first & second)
+    return round(len(first) * len(second) / shared * 2 ** result.level) if shared else None
 
 
 def looks_like_padding(streams: dict[int, Stream], result: Overlap) -> bool:

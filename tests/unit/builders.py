@@ -361,15 +361,19 @@ def dcp(op: str = "save", path: Optional[str] = "/ckpt/dcp", line: int = 95) -> 
 def content_pass(hashes: list[int], *, source: str = "loader", key: str = f"{SCRIPT}:12", number: int = 0,
                  feeds: Optional[str] = None, steps: Optional[int] = None, batch_rows: int = 32,
                  iterable: bool = True, dataset_type: str = "Stream", num_workers: int = 0, level: int = 0,
-                 complete: bool = True, order: Optional[str] = None, line: int = 12) -> ev.ContentPass:
+                 complete: bool = True, order: Optional[str] = None, line: int = 12,
+                 sequence: Optional[list[int]] = None) -> ev.ContentPass:
     """A content_pass event of row hashes in feeding order (one part). ``steps`` defaults to the
-    number of batches (a training pass, with as many DDP forwards); 0 = evaluation."""
+    number of batches (a training pass, with as many DDP forwards); 0 = evaluation. ``sequence``:
+    the rows recorded in feeding order (default: the first 1024, as the probe writes them; [] for
+    evidence that did not record them)."""
     batches = -(-len(hashes) // batch_rows)
     steps = batches if steps is None else steps
     keep = min(1024, max(64, 2 * batch_rows))
+    sequence = hashes[:1024] if sequence is None else sequence
     return ev.ContentPass(source=source, key=key, number=number, feeds=feeds, final=True, complete=complete,
                           dataset_type=dataset_type, iterable=iterable, num_workers=num_workers,
                           num_batches=batches, num_rows=len(hashes), batch_rows=batch_rows, level=level,
                           hashes=encode_indices(hashes), order=order_hash(hashes) if order is None else order,
                           head=hashes[:keep], tail=hashes[-keep:], steps=steps, ddp_forwards=steps,
-                          site=site(line) if source == "loader" else [])
+                          site=site(line) if source == "loader" else [], sequence=sequence)

@@ -259,3 +259,125 @@ def test_identical_inputs_without_steps_are_info_and_different_inputs_are_clean(
     differ = make_evidence(2, {r: [ddp_wrap(), _forward_window("ddp0", [f"s:{r}{i:015x}" for i in range(8)])]
                                for r in range(2)})
     assert [f for f in sampler_disjoint(differ).findings if f.evidence.get("kind") == "same-step"] == []
+
+
+# -- independent random draws per rank (llama2.c's PretokDataset) ------------------------------------
+
+def _ordered(per_rank: dict[int, list[int]], **fields) -> dict[int, content.Stream]:
+    """Streams whose feeding order was recorded, as the probe writes it."""
+    return {r: content.Stream(content_pass(h, **fields), tuple(h), tuple(h)) for r, h in per_rank.items()}
+
+
+def _rank_permutations(pool: list[int], rows: int, ranks: int = 2) -> dict[int, list[int]]:
+    """Each rank reads the first ``rows`` of its own seeded shuffle of one pool."""
+    return {r: random.Random(42 + 1337 * r).sample(pool, len(pool))[:rows] for r in range(ranks)}
+
+
+def test_rows_shared_in_the_same_order_are_aligned_and_in_unrelated_orders_are_not():
+    pool = corpus(256)
+    same = content.shared_order(_ordered({0: pool[:100], 1: pool[:100]}), 0)
+    assert same.aligned and same.correlation == 1.0 and same.num_rows == 100
+    shifted = content.shared_order(_ordered({0: pool[:100], 1: pool[40:140]}), 0)
+    assert shifted.aligned and shifted.num_rows == 60
+    for seed in range(20):  # independent shuffles: never mistaken for one stream
+        draws = {r: random.Random(seed * 10 + r).sample(pool, 100) for r in range(2)}
+        order = content.shared_order(_ordered(draws), 0)
+        assert order is not None and not order.aligned, (seed, order)
+
+
+def test_the_order_is_unknown_without_enough_shared_rows_recorded():
+    pool = corpus(256)
+    assert content.shared_order(_ordered({0: pool[:100], 1: pool[95:195]}), 0) is None  # 5 shared rows
+    unrecorded = {r: content.Stream(content_pass(pool[:100]), tuple(pool[:100])) for r in range(2)}
+    assert content.shared_order(unrecorded, 0) is None
+
+
+def test_ranks_drawing_their_own_random_sample_of_one_stream_are_info_with_the_pool_size():
+    """llama2.c: seed = 42 + worker_id + 1337 * rank; each rank reads 100 of 256 windows, cut short."""
+    pool = corpus(256)
+    draws = _rank_permutations(pool, 100)
+    evidence = make_evidence(2, {r: [ddp_wrap(), content_pass(d, dataset_type="PretokDataset", batch_rows=4,
+                                                              complete=False)] for r, d in draws.items()})
+    result = sampler_disjoint(evidence)
+    (finding,) = result.findings
+    assert finding.severity == "info" and finding.evidence["kind"] == "random-draws"
+    assert finding.evidence["overlap_fraction"] > 0.25  # far above the 'chance' of draws spread over a corpus
+    assert not finding.evidence["shared_order_correlation"] > content.ALIGNED_CORRELATION
+    assert 150 < finding.evidence["pool_estimate"] < 400
+    assert "in unrelated orders: each rank draws its own random sample from one pool of about" in finding.message
+    assert "random sampling, not a partition of the data" in finding.message
+    assert result.status == "pass" and "no sharding bug" in result.summary
+
+
+def test_ranks_reading_one_stream_in_the_same_order_stay_an_error():
+    pool = corpus(256)
+    stream = random.Random(42).sample(pool, 256)[:100]  # the seed left the rank out
+    evidence = make_evidence(2, [ddp_wrap(), content_pass(stream, dataset_type="PretokDataset", complete=False)])
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "error" and finding.evidence["shared_order_correlation"] == 1.0
+    assert finding.message.endswith("every rank reads what its __iter__ yields, and the ranks read one stream in "
+                                    "the same order")
+
+
+def test_every_rank_reading_its_whole_stream_in_its_own_order_is_an_error():
+    """A finite stream shuffled per rank and read to its end: every rank saw all the data that epoch."""
+    pool = corpus(256)
+    evidence = make_evidence(2, {r: [ddp_wrap(), content_pass(d, dataset_type="Shards")]
+                                 for r, d in _rank_permutations(pool, 256).items()})
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "error" and finding.evidence["overlap_fraction"] == 1.0
+    assert "every rank read the whole stream to its end, each in its own order" in finding.message
+
+
+def test_random_draws_whose_order_was_not_recorded_stay_an_error():
+    pool = corpus(256)
+    evidence = make_evidence(2, {r: [ddp_wrap(), content_pass(d, complete=False, sequence=[])]
+                                 for r, d in _rank_permutations(pool, 100).items()})
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "error" and "shared_order_correlation" not in finding.evidence
+
+
+def test_the_sequence_of_a_pass_written_in_parts_is_joined_in_part_order():
+    first, second = content_pass([1, 2, 3]), content_pass([9, 8])
+    second.part, first.sequence, second.sequence = 1, [3, 1, 2], [9, 8]
+    (streams,) = content.merge_streams([(0, second), (0, first)]).values()
+    assert streams[0].sequence == (3, 1, 2, 9, 8)
+
+
+# -- identical batches from a dataset of identical samples (open_clip --dataset-type synthetic) -------
+
+def _same_step_over_disjoint_positions(rows: dict[int, list[int]]):
+    """Each rank's DistributedSampler shard (disjoint positions of one dataset) fed 8 forwards whose
+    batches (digests) were identical across the ranks; ``rows`` are each rank's input row hashes."""
+    from builders import loader_pass
+
+    label = content.feed_label(f"{SCRIPT}:12", 0)
+    per_rank = {}
+    for r in range(2):
+        window = _forward_window("ddp0", [f"{i:016x}" for i in range(8)], feeds=label)
+        window.hashes, window.num_rows = content_pass(rows[r]).hashes, len(rows[r])
+        per_rank[r] = [ddp_wrap(), loader_pass(list(range(r, 16, 2)), dataset_len=16, dataset_digest="aa"), window]
+    return make_evidence(2, per_rank)
+
+
+def test_identical_batches_from_disjoint_positions_of_identical_samples_are_info():
+    blank = corpus(1)[0]
+    evidence = _same_step_over_disjoint_positions({r: [blank] * 16 for r in range(2)})
+    result = sampler_disjoint(evidence)
+    (finding,) = result.findings
+    assert finding.severity == "info" and finding.evidence["kind"] == "identical-samples"
+    assert finding.message == ("ranks 0, 1 fed identical batches to DDP at 8 of 8 training forwards, but the "
+                               "DataLoader at train.py:12 gave them disjoint samples of one dataset: the dataset holds "
+                               "identical samples (a synthetic or constant dataset?), not a sharding bug")
+    assert result.status == "pass"
+
+
+def test_identical_batches_from_disjoint_positions_of_samples_that_differ_are_an_error():
+    """The dataset ignores its index (noise from a generator seeded alike): nothing repeats on a rank."""
+    noise = corpus(16)
+    evidence = _same_step_over_disjoint_positions({r: noise for r in range(2)})
+    (finding,) = sampler_disjoint(evidence).findings
+    assert finding.severity == "error" and finding.evidence["indices"] == "disjoint"
+    assert finding.message.endswith("although its sampler gave the ranks disjoint positions of one dataset: the "
+                                    "dataset's items do not follow the index they are asked for")
+    assert "`__getitem__(index)`" in finding.fix
