@@ -28,7 +28,9 @@ differ, the ranks, the size of the difference, and which case it is:
   DistributedDataParallel, the forward pass called `model.module(...)` and bypassed DDP's hooks
   (the finding points at that forward), DDP was constructed again around the same module and the
   forward alternates between a wrapper and the bare module, the optimizer stepped inside
-  `no_sync()`, a parameter lives outside the DDP module, or the wrapped model was converted or
+  `no_sync()`, a parameter lives outside the DDP module, a parameter was frozen
+  (`requires_grad=False`) when DDP was built and unfrozen later (DDP's reducer only takes what
+  requires grad at construction: both lines are named), or the wrapped model was converted or
   moved after wrapping (`.to(dtype)`, `.half()`, `.float()`, `.cpu()`, `.cuda()`: its parameters
   get new storage while DDP's hooks and buckets keep the old tensors).
 - **gradients differ as they come out of DDP's all-reduce**: nothing changed them between the
@@ -44,6 +46,11 @@ Under the CUDA simulation of a CPU-only machine, moving the wrapped model to the
 changes nothing, so the gradients still agree there; the round trip itself is reported as the
 GPU bug it is, when the model trains through the same wrapper after it (a model moved off the GPU
 once training ended and back for testing, as Lightning does between `fit` and `test`, is fine).
+
+Local SGD is not a fault: where the optimizer steps without DDP's gradient all-reduce (inside
+`no_sync()`) and the script all-reduces the parameters every few steps (Accelerate's LocalSGD,
+torch's PeriodicModelAverager, by hand), the replicas differ between averagings by design, and
+the finding is an info naming the averaging line and its period.
 
 ## Why it matters
 DDP is only data parallelism if every replica stays identical. Once they drift, each rank trains
