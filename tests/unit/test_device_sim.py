@@ -325,6 +325,91 @@ def test_classes_stay_classes_for_isinstance_and_subclassing(sim):
     assert "torch.Generator(cuda)->cpu" in last_event(sim)["calls"]
 
 
+# A CUDA build of torch (what a plain `pip install torch` gets on Linux) on a machine without a GPU.
+# There torch.cuda.Stream and Event derive from C types (torch._C._CudaStreamBase, a torch.Stream;
+# _CudaEventBase, a torch.Event) whose constructors ask the CUDA driver for the current device, and
+# Python refuses object.__new__ for a subclass of such a type ("object.__new__(Stream) is not safe"):
+# the simulation broke every GPU script at its first optimizer.step(). CI runs only the CPU build, so
+# these tests build the stand-ins over bases shaped like the CUDA build's, which torch.Stream and
+# torch.Event (C types on either build) make possible; the CUDA build itself was run by hand (README).
+
+
+class DriverStream(torch.Stream):
+    """torch.cuda.Stream of a CUDA build, as far as construction goes: a C base, and a constructor
+    that needs the CUDA driver."""
+
+    def __new__(cls, *args, **kwargs):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+
+class DriverEvent(torch.Event):
+    def __new__(cls, *args, **kwargs):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+
+def _devices(count: int = 2, current: int = 1):
+    from ddpdoctor.rank.devicesim.cuda_api import SimulatedDevices
+    from ddpdoctor.rank.devicesim.ledger import Ledger
+
+    devices = SimulatedDevices(Ledger(None, mode="simulate", active=True), count)
+    devices.current = current
+    return devices
+
+
+def test_object_new_refuses_a_subclass_of_a_c_base_as_on_a_cuda_build():
+    """The failure the stand-ins must avoid, reproduced on whichever build is installed."""
+
+    class Naive(DriverStream):
+        def __new__(cls, *args, **kwargs):
+            return object.__new__(cls)
+
+    with pytest.raises(TypeError, match=r"object\.__new__\(Naive\) is not safe"):
+        Naive()
+
+
+def test_stand_in_streams_and_events_never_run_a_constructor_of_torchs_bases():
+    import gc
+
+    from ddpdoctor.rank.devicesim.streams import stream_classes
+
+    Stream, Event = stream_classes(_devices(), bases=(DriverStream, DriverEvent))
+    for _ in range(100):  # and freeing them (the C base's own dealloc) is fine
+        stream = Stream()
+        assert isinstance(stream, DriverStream) and isinstance(stream, torch.Stream)
+        assert stream.device == torch.device("cuda", 1) and stream.device_index == 1
+        assert (stream.device_type, stream.stream_id, stream.cuda_stream, stream.priority) == (1, 0, 0, 0)
+        assert stream.query() and stream.is_capturing() is False and stream == Stream(1)
+        assert Stream("cuda:0").device == torch.device("cuda", 0) and Stream(0) != stream
+        event = stream.record_event(Event(enable_timing=True))
+        assert isinstance(event, DriverEvent) and isinstance(event, torch.Event)
+        assert event.device == torch.device("cuda", 1) and event.query() and event.elapsed_time(event) == 0.0
+        assert Event().device is None
+        del stream, event
+    gc.collect()
+
+
+def test_the_simulated_stream_skips_torchs_own_constructors(sim, monkeypatch):
+    """torch.cuda's Python Stream/Event constructors (which call the build's C constructors) are
+    never reached: they raise here, and the stand-ins are built all the same."""
+    for stand_in in (torch.cuda.Stream, torch.cuda.Event):
+        torchs = stand_in.__mro__[1]
+        assert torchs.__module__ == "torch.cuda.streams" and stand_in.__module__.startswith("ddpdoctor.")
+        monkeypatch.setattr(torchs, "__new__", staticmethod(lambda cls, *a, **k: pytest.fail("torch's __new__")))
+    assert torch.cuda.Stream(0).device_index == 0 and torch.cuda.current_stream().device_index == 0
+    assert torch.cuda.Event(enable_timing=True).enable_timing is True
+
+
+def test_an_optimizer_step_asks_the_simulated_current_stream(sim):
+    """torch.optim's graph-capture health check asks torch.accelerator.current_stream().is_capturing()
+    before every step: where the CUDA build first broke."""
+    model = nn.Linear(2, 1).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(3, 2, device="cuda")).sum().backward()
+    optimizer.step()
+    stream = torch.accelerator.current_stream()
+    assert isinstance(stream, torch.cuda.Stream) and stream.is_capturing() is False
+
+
 def test_cuda_rng_state_round_trips_per_device(sim):
     torch.cuda.manual_seed_all(7)
     assert torch.cuda.initial_seed() == 7
