@@ -189,27 +189,32 @@ def test_what_cannot_be_simulated_raises_naming_the_api(sim):
     assert event["ignored"] == ["torch.cuda.memory._record_memory_history"]
 
 
-# What cannot be simulated, called as a script would: each must fail under simulation with the kind
-# of error a CPU-only torch raises for the same call (so `except AssertionError` etc. still catch it).
+# What cannot be simulated, called as a script would, with the kind of error a CPU-only torch raises
+# for the same call: each must fail so under simulation, on a CPU build and on a CUDA build alike
+# (so `except AssertionError` etc. still catch it). On a CUDA build without a GPU torch itself fails
+# differently (the driver is missing) or not at all (NCCL's version, TunableOp's flags), so the kinds
+# are written here, and checked against the real CPU-only torch wherever that is the one installed.
 UNSUPPORTED_CALLS = {
-    "torch.cuda.CUDAGraph": lambda: torch.cuda.CUDAGraph(),
-    "torch.cuda.graph": lambda: torch.cuda.graph(None),
-    "torch.cuda.MemPool": lambda: torch.cuda.MemPool(),
-    "torch.cuda.ExternalStream": lambda: torch.cuda.ExternalStream(0, device=0),
-    "torch.cuda.graph_pool_handle": lambda: torch.cuda.graph_pool_handle(),
-    "torch.cuda.nccl.version": lambda: torch.cuda.nccl.version(),
-    "torch.cuda.nccl.all_reduce": lambda: torch.cuda.nccl.all_reduce([torch.ones(2)]),
-    "torch.cuda.cudart": lambda: torch.cuda.cudart(),
-    "torch.cuda.current_blas_handle": lambda: torch.cuda.current_blas_handle(),
-    "torch.cuda.caching_allocator_alloc": lambda: torch.cuda.caching_allocator_alloc(16),
-    "torch.cuda.use_mem_pool": lambda: torch.cuda.use_mem_pool(None).__enter__(),
-    "torch.cuda.utilization": lambda: torch.cuda.utilization(),
-    "torch.cuda.tunable.enable": lambda: torch.cuda.tunable.enable(),
-    "torch.cuda.get_stream_from_external": lambda: torch.cuda.get_stream_from_external(0),
-    "torch.cuda.change_current_allocator": lambda: torch.cuda.change_current_allocator(None),
-    "torch.cuda.jiterator._create_jit_fn": lambda: torch.cuda.jiterator._create_jit_fn("T f(T x) { return x; }")(
-        torch.ones(2)),
-    "torch.accelerator.Graph": lambda: torch.accelerator.Graph(),
+    "torch.cuda.CUDAGraph": (lambda: torch.cuda.CUDAGraph(), RuntimeError),
+    "torch.cuda.graph": (lambda: torch.cuda.graph(None), RuntimeError),
+    "torch.cuda.MemPool": (lambda: torch.cuda.MemPool(), RuntimeError),
+    "torch.cuda.ExternalStream": (lambda: torch.cuda.ExternalStream(0, device=0), RuntimeError),
+    "torch.cuda.graph_pool_handle": (lambda: torch.cuda.graph_pool_handle(), RuntimeError),
+    "torch.cuda.nccl.version": (lambda: torch.cuda.nccl.version(), AttributeError),
+    "torch.cuda.nccl.unique_id": (lambda: torch.cuda.nccl.unique_id(), AttributeError),
+    "torch.cuda.nccl.all_reduce": (lambda: torch.cuda.nccl.all_reduce([torch.ones(2)]), AttributeError),
+    "torch.cuda.cudart": (lambda: torch.cuda.cudart(), AssertionError),
+    "torch.cuda.current_blas_handle": (lambda: torch.cuda.current_blas_handle(), AssertionError),
+    "torch.cuda.caching_allocator_alloc": (lambda: torch.cuda.caching_allocator_alloc(16), AssertionError),
+    "torch.cuda.use_mem_pool": (lambda: torch.cuda.use_mem_pool(None).__enter__(), AssertionError),
+    "torch.cuda.utilization": (lambda: torch.cuda.utilization(), ModuleNotFoundError),  # no pynvml on either
+    "torch.cuda.tunable.enable": (lambda: torch.cuda.tunable.enable(), AttributeError),
+    "torch.cuda.tunable.is_enabled": (lambda: torch.cuda.tunable.is_enabled(), AttributeError),
+    "torch.cuda.get_stream_from_external": (lambda: torch.cuda.get_stream_from_external(0), AssertionError),
+    "torch.cuda.change_current_allocator": (lambda: torch.cuda.change_current_allocator(None), AttributeError),
+    "torch.cuda.jiterator._create_jit_fn": (lambda: torch.cuda.jiterator._create_jit_fn(
+        "template <typename T> T identity(T x) { return x; }")(torch.ones(2)), AssertionError),
+    "torch.accelerator.Graph": (lambda: torch.accelerator.Graph(), RuntimeError),
 }
 
 
@@ -221,15 +226,23 @@ def _raised(call) -> type:
     raise AssertionError("expected the call to fail")
 
 
+def test_the_cpu_only_kinds_are_what_a_cpu_only_torch_raises():
+    if torch.version.cuda is not None:
+        pytest.skip("a CUDA build: its own failures are not a CPU-only torch's (CI runs the CPU build)")
+    measured = {api: _raised(call) for api, (call, _) in UNSUPPORTED_CALLS.items()}  # no simulation
+    assert {api: kind for api, kind in measured.items() if not issubclass(kind, UNSUPPORTED_CALLS[api][1])} == {}
+
+
 def test_what_cannot_be_simulated_fails_with_the_kind_a_cpu_only_torch_raises(tmp_path):
-    cpu_kinds = {api: _raised(call) for api, call in UNSUPPORTED_CALLS.items()}  # before the simulation
+    """On whichever build is installed (CI runs the CPU build; a CUDA build without a GPU was run by
+    hand, see README): the same kinds, the same `unsupported` list."""
     rec = Recorder(RankSettings(evidence_dir=str(tmp_path)))
     finish = devicesim.install(rec, mode="simulate", nproc_per_node=2)
     try:
-        for api, call in UNSUPPORTED_CALLS.items():
-            with pytest.raises(cpu_kinds[api]) as raised:
+        for api, (call, kind) in UNSUPPORTED_CALLS.items():
+            with pytest.raises(kind) as raised:
                 call()
-            assert isinstance(raised.value, devicesim.NotSimulatedError), (api, raised.value)
+            assert type(raised.value) is devicesim.NotSimulatedError.of(kind), (api, raised.value)
             decoded = decode(str(raised.value))
             assert decoded is not None and decoded.code == "not-simulated", (api, str(raised.value))
     finally:
@@ -408,6 +421,40 @@ def test_an_optimizer_step_asks_the_simulated_current_stream(sim):
     optimizer.step()
     stream = torch.accelerator.current_stream()
     assert isinstance(stream, torch.cuda.Stream) and stream.is_capturing() is False
+
+
+def test_a_cuda_runtime_error_is_reraised_as_a_cpu_only_torch_would_raise(sim):
+    """A CUDA build without a GPU raises torch.AcceleratorError from the CUDA runtime; a CPU-only
+    torch never runs it. A guarded call re-raises it as a RuntimeError, named."""
+    from ddpdoctor.rank.devicesim.cuda_api import guarded
+
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is None:
+        pytest.skip("this torch has no AcceleratorError")
+    noted = []
+
+    def needs_the_driver():
+        raise accelerator_error("CUDA error: no CUDA-capable device is detected")
+
+    with pytest.raises(RuntimeError) as raised:
+        guarded("torch.cuda.some_query", needs_the_driver, noted.append)()
+    assert type(raised.value) is devicesim.NotSimulatedError.of(RuntimeError)
+    assert not isinstance(raised.value, accelerator_error) and noted == ["torch.cuda.some_query"]
+
+
+def test_ddpdoctors_own_probes_get_torchs_answer_about_the_build(sim):
+    """The environment probe reports the NCCL a CUDA build ships (a CPU build has none: torch's own
+    AttributeError); the script's call fails on either build, as in a CPU-only torch."""
+    probe = {"__name__": "ddpdoctor.rank.probes.environment"}
+    exec("import torch\ntry:\n    version = torch.cuda.nccl.version()\nexcept AttributeError as e:\n"
+         "    version = e", probe)
+    if torch.version.cuda is None:
+        assert not isinstance(probe["version"], devicesim.NotSimulatedError)
+    else:
+        assert isinstance(probe["version"], tuple)
+    assert last_event(sim)["unsupported"] == []
+    with pytest.raises(AttributeError, match="torch.cuda.nccl.version cannot be simulated"):
+        torch.cuda.nccl.version()
 
 
 def test_cuda_rng_state_round_trips_per_device(sim):

@@ -239,9 +239,9 @@ def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices) -> dict[str,
 
 
 def _unsupported(ledger: Ledger) -> dict[str, Any]:
-    """What has no CPU meaning, raising at first use what a CPU-only torch raises there. CUDA graphs,
-    memory pools and external streams: classes whose construction raises RuntimeError (a CPU build's
-    bases are dummies, or need a CUDA stream)."""
+    """What has no CPU meaning, raising at first use what a CPU-only torch raises there, on either
+    build. CUDA graphs, memory pools and external streams: classes whose construction raises
+    RuntimeError (a CPU build's bases are dummies, or need a CUDA stream)."""
     names = ("torch.cuda.CUDAGraph", "torch.cuda.graph", "torch.cuda.MemPool", "torch.cuda.ExternalStream",
              "torch.accelerator.Graph")
     classes = {name: _raising_class(_resolve(name), name, ledger.not_simulated) for name in names if _resolve(name)}
@@ -250,6 +250,7 @@ def _unsupported(ledger: Ledger) -> dict[str, Any]:
     # device, an AssertionError), which the simulation answers, so they fail here the same way.
     functions = {name: raiser(name, note, kind=AssertionError, cause=NOT_COMPILED)
                  for name in ("torch.cuda.caching_allocator_alloc", "torch.cuda.caching_allocator_delete")}
+    functions.update(_missing_bindings(note))
 
     @contextlib.contextmanager
     def use_mem_pool(pool: Any, device: Any = None) -> Iterator[None]:
@@ -263,6 +264,45 @@ def _unsupported(ledger: Ledger) -> dict[str, Any]:
     for name in ("_create_jit_fn", "_create_multi_output_jit_fn"):
         functions[f"torch.cuda.jiterator.{name}"] = _jiterator_factory(f"torch.cuda.jiterator.{name}", note)
     return {**classes, **functions}
+
+
+# What a CUDA build runs without a GPU but a CPU-only torch lacks (its torch._C has no such
+# bindings): NCCL's own functions (its version, ids, communicators, collectives), TunableOp's flags
+# and files, a CUDA graph pool's id. Left to torch, a script would get an answer on one build and an
+# error on the other; it fails on both, as in a CPU-only torch. nccl.is_available answers on either
+# (False: no simulated CUDA tensor is a CUDA tensor). ddpdoctor's own probes get torch's answer
+# (the environment probe reports the NCCL a CUDA build ships).
+_CPU_BUILD_LACKS = {
+    "torch.cuda.nccl": (AttributeError, "module 'torch._C' has no NCCL bindings"),
+    "torch.cuda.tunable": (AttributeError, "module 'torch._C' has no TunableOp bindings"),
+}
+_ANSWERED = frozenset({"torch.cuda.nccl.is_available"})
+
+
+def _missing_bindings(note: Callable[[str], None]) -> dict[str, Any]:
+    """Qualified name -> raiser, for every public function of the modules in ``_CPU_BUILD_LACKS``."""
+    raisers: dict[str, Any] = {
+        "torch.cuda.graph_pool_handle": raiser("torch.cuda.graph_pool_handle", note, kind=RuntimeError,
+                                               cause="Tried to instantiate dummy base class _graph_pool_handle")}
+    for module_name, (kind, cause) in _CPU_BUILD_LACKS.items():
+        module = _resolve_module(module_name)
+        for name in public_names(module) if module is not None else ():
+            api = f"{module_name}.{name}"
+            original = getattr(module, name, None)
+            if api not in _ANSWERED and _guardable(original):
+                raisers[api] = _for_the_script(raiser(api, note, kind=kind, cause=cause), original)
+    return raisers
+
+
+def _for_the_script(stand_in: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``stand_in`` for the script (torch and libraries included); ``original`` for ddpdoctor's own
+    probes, which report the build as it is."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        chosen = original if _caller().startswith("ddpdoctor.") else stand_in
+        return chosen(*args, **kwargs)
+
+    return call
 
 
 def _jiterator_factory(api: str, note: Callable[[str], None]) -> Callable[..., Any]:
@@ -287,13 +327,15 @@ def _raising_class(original: type, api: str, note: Callable[[str], None]) -> typ
 
 def _resolve(qualified: str) -> Any:
     module, _, name = qualified.rpartition(".")
-    owner = sys.modules.get(module)
-    if owner is None:
-        try:
-            owner = importlib.import_module(module)
-        except ImportError:
-            return None
-    return getattr(owner, name, None)
+    owner = _resolve_module(module)
+    return None if owner is None else getattr(owner, name, None)
+
+
+def _resolve_module(name: str) -> Optional[types.ModuleType]:
+    try:
+        return sys.modules.get(name) or importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def _apply(rec: Recorder, ledger: Ledger, stand_ins: dict[str, Any]) -> None:
@@ -353,7 +395,7 @@ def _guardable(value: Any) -> bool:
 
 def guarded(api: str, fn: Callable[..., Any], note: Callable[[str], None]) -> Callable[..., Any]:
     """``fn`` as torch wrote it; a failure of the kinds a CPU-only torch raises for missing CUDA is
-    recorded and re-raised as the same kind, naming ``api``."""
+    recorded and re-raised as the same kind (:func:`cpu_build_kind`), naming ``api``."""
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -363,9 +405,18 @@ def guarded(api: str, fn: Callable[..., Any], note: Callable[[str], None]) -> Ca
             raise
         except CPU_BUILD_ERRORS as exc:
             note(api)
-            raise not_simulated(api, type(exc), str(exc)) from exc
+            raise not_simulated(api, cpu_build_kind(exc), str(exc)) from exc
 
     return call
+
+
+def cpu_build_kind(exc: BaseException) -> type[BaseException]:
+    """The kind of ``exc`` as a CPU-only torch raises it: a CUDA build that found no GPU raises
+    ``torch.AcceleratorError`` (a RuntimeError) from the CUDA runtime, which a CPU build never runs."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return RuntimeError
+    return type(exc)
 
 
 def _counter(ledger: Ledger) -> Any:
@@ -374,17 +425,21 @@ def _counter(ledger: Ledger) -> Any:
 
     def counted(api: str, fn: Any) -> Any:
         def simulated(*args: Any, **kwargs: Any) -> Any:
-            frame = sys._getframe(1)
-            while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
-                frame = frame.f_back  # the stand-in's own wrapper (_own)
-            caller = frame.f_globals.get("__name__", "")
-            if not caller.startswith(("torch.", "ddpdoctor.")):
+            if not _caller().startswith(("torch.", "ddpdoctor.")):
                 ledger.count(api)
             return fn(*args, **kwargs)
 
         return simulated
 
     return counted
+
+
+def _caller() -> str:
+    """The module that called a stand-in, past the stand-in's own frames (its wrappers here)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", ""))
 
 
 def _lazy_init_raiser(note: Any) -> Any:
