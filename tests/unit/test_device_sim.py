@@ -494,6 +494,23 @@ def test_memory_statistics_have_torch_keys_and_summaries_work(sim):
     assert torch.cuda.is_bf16_supported() and torch.cuda.is_tf32_supported()
     assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == 0
     assert torch.float16 in torch.accelerator.get_device_capability()["supported_dtypes"]
+    # the same answers under torch.accelerator.memory's own names (a CUDA build's torch answers an
+    # empty dict without a GPU, a CPU build raises)
+    memory = pytest.importorskip("torch.accelerator.memory")
+    assert memory.memory_stats() == torch.cuda.memory_stats() and memory.memory_allocated() == 0
+
+
+def test_accelerator_rng_is_the_simulated_cuda_rng(sim):
+    """torch.accelerator.random (torch 2.14) reads the generators torch.cuda's RNG calls seed."""
+    random = getattr(torch.accelerator, "random", None)
+    if random is None:
+        pytest.skip("torch.accelerator.random is newer than this torch")
+    torch.cuda.manual_seed_all(11)
+    torch.cuda.set_device(1)
+    torch.cuda.manual_seed(12)
+    assert random.initial_seed() == 12 and random.initial_seed(0) == 11
+    assert torch.equal(random.get_rng_state(2), torch.cuda.get_rng_state(2))
+    assert len(random.get_rng_state_all()) == torch.cuda.device_count()
 
 
 def test_backend_flags_and_legacy_calls_work_as_on_gpus(sim):

@@ -44,7 +44,7 @@ TOTAL_MEMORY = properties.TOTAL_MEMORY
 # function object under every name it has, so the aliases stay aliases.
 OWNERS = ("torch.cuda", "torch.cuda.memory", "torch.cuda.random", "torch.cuda.graphs", "torch.cuda.streams",
           "torch.cuda.nvtx", "torch.cuda.profiler", "torch.cuda.nccl", "torch.cuda.tunable", "torch.cuda.jiterator",
-          "torch.accelerator", "torch.accelerator.graphs")
+          "torch.accelerator", "torch.accelerator.graphs", "torch.accelerator.memory", "torch.accelerator.random")
 
 # Legacy CUDA tensor types (torch.cuda.FloatTensor...): the CPU's, as every CUDA tensor is a CPU one here.
 _LEGACY_TYPES = ("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor", "CharTensor",
@@ -110,7 +110,7 @@ def install(rec: Recorder, ledger: Ledger, *, nproc_per_node: Optional[int]) -> 
     """Patch torch.cuda, torch.accelerator and torch.Generator (restored by patching.restore_all)."""
     devices = SimulatedDevices(ledger, local_device_count(nproc_per_node))
     rng = SimulatedRng(devices)
-    stand_ins = {**_cuda_answers(ledger, devices, rng), **_accelerator_answers(ledger, devices)}
+    stand_ins = {**_cuda_answers(ledger, devices, rng), **_accelerator_answers(ledger, devices, rng)}
     unsupported = _unsupported(ledger)
     _apply(rec, ledger, {**stand_ins, **unsupported})
     for owner in ("torch.cuda", "torch.cuda.memory", "torch.cuda.random"):
@@ -192,7 +192,7 @@ def _cuda_answers(ledger: Ledger, devices: SimulatedDevices, rng: SimulatedRng) 
     return {("torch.cuda." + name): value for name, value in answers.items()}
 
 
-def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices) -> dict[str, Any]:
+def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices, rng: SimulatedRng) -> dict[str, Any]:
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is None:
         return {}
@@ -215,6 +215,7 @@ def _accelerator_answers(ledger: Ledger, devices: SimulatedDevices) -> dict[str,
         "get_device_capability": lambda device=None: {
             "supported_dtypes": {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
                                  torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool}},
+        **rng.accelerator_answers(),
     }
     if hasattr(accelerator, "device_index"):
         base = accelerator.device_index

@@ -75,8 +75,9 @@ class SimulatedRng:
         seed = self.generators[self.devices.current].seed()
         self.manual_seed_all(seed)
 
-    def initial_seed(self) -> int:
-        return self.generators[self.devices.current].initial_seed()
+    def initial_seed(self, device: Any = None) -> int:
+        """``torch.cuda.initial_seed()`` (the current device), ``torch.accelerator.random``'s (any)."""
+        return self.generators[self._index(device)].initial_seed()
 
     def answers(self) -> dict[str, Any]:
         """torch.cuda (and torch.cuda.random) name -> stand-in."""
@@ -85,6 +86,11 @@ class SimulatedRng:
                 "manual_seed": self.manual_seed, "manual_seed_all": self.manual_seed_all, "seed": self.seed,
                 "seed_all": self.seed_all, "initial_seed": self.initial_seed,
                 "default_generators": self.generators}
+
+    def accelerator_answers(self) -> dict[str, Any]:
+        """torch.accelerator.random (torch 2.14) name -> stand-in."""
+        return {"random.initial_seed": self.initial_seed, "random.get_rng_state": self.get_rng_state,
+                "random.get_rng_state_all": self.get_rng_state_all}
 
 
 def generator_class(ledger: Ledger) -> type:
