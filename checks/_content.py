@@ -30,8 +30,8 @@ _FIX_ORDER = ("Build the dataset in the same order on every rank: sort the file 
 # at least this share of the forwards compared (a constant input now and then is not a pattern).
 MIN_SAME_FORWARDS = 2
 SAME_FRACTION = 0.5
-# Rows of a rank's own DDP inputs that repeat another of its rows, from which identical batches on
-# disjoint sample positions are the data's own (every sample alike), not the sampling's.
+# Rows of one rank's loader pass that repeat another of its rows (positions drawn once), from which
+# identical batches on disjoint sample positions are the data's own (every sample alike).
 IDENTICAL_ROWS = 0.5
 _FIX_RANK_LOCAL = ("Give each rank a disjoint part of the data: build the dataset the same way on every rank and "
                    "shard it with `DistributedSampler(dataset)`, or keep a dataset per rank built from a disjoint "
@@ -255,7 +255,7 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
         loader = feeds.rpartition("#")[0] if feeds else None
         made = all(per_rank[r][f].startswith("s:") for f in same for r in ranks if f in per_rank[r])
         disjoint = not made and _feeding_disjoint(evidence, involved)
-        if disjoint and trained and _rows_repeat(evidence, key, ranks):
+        if disjoint and trained and _rows_repeat(evidence, involved, ranks):
             found[key] = _identical_samples_finding(key, loader, site, same, len(common), ranks)
             continue
         what = "inputs" if made else "batches"
@@ -299,16 +299,25 @@ def _feeding_disjoint(evidence: Evidence, involved: list) -> bool:
     return True
 
 
-def _rows_repeat(evidence: Evidence, key: str, ranks: set[int]) -> bool:
-    """Each rank's own inputs to DDP module ``key`` repeat rows of its own: the samples are alike (a
-    synthetic dataset that gives one blank image for every index). A dataset that ignores the index
-    it is asked for and yields the same sequence on every rank repeats nothing within a rank."""
-    rows: dict[int, list[int]] = {}
-    for (source, stream_key, _, _), streams in evidence.facts.content_streams.items():
-        if source == "forward" and stream_key == key:
-            for rank, stream in streams.items():
-                rows.setdefault(rank, []).extend(stream.hashes)
-    return all(rows.get(r) and 1 - len(set(rows[r])) / len(rows[r]) >= IDENTICAL_ROWS for r in ranks)
+def _rows_repeat(evidence: Evidence, involved: list, ranks: set[int]) -> bool:
+    """Within each loader pass that fed these windows, each rank's rows repeat each other although it
+    drew each position once (a pass is one epoch of its shard): different positions hold the same
+    sample, as in a synthetic dataset that gives one blank image for every index. Rows seen again in
+    a later epoch do not count, nor does a dataset that ignores the index it is asked for and yields
+    the same sequence on every rank: within a pass it repeats nothing."""
+    for label in {e.feeds for e in involved}:
+        loader, _, number = label.rpartition("#")
+        streams = evidence.facts.content_streams.get(("loader", loader, None, int(number)), {})
+        passes = evidence.facts.loader_passes.get((loader, int(number)), {})
+        for rank in ranks:
+            stream, drawn = streams.get(rank), passes.get(rank)
+            if stream is None or drawn is None or drawn.indices is None or not stream.hashes:
+                return False
+            if distinct_indices(drawn.indices).size < IDENTICAL_ROWS * (drawn.num_samples or 0):
+                return False  # the rank drew positions again: repeats of its rows prove nothing
+            if 1 - len(set(stream.hashes)) / len(stream.hashes) < IDENTICAL_ROWS:
+                return False
+    return True
 
 
 def _identical_samples_finding(key: str, loader: Optional[str], site: list, same: list[int], num_common: int,

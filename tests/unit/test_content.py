@@ -347,16 +347,17 @@ def test_the_sequence_of_a_pass_written_in_parts_is_joined_in_part_order():
 # -- identical batches from a dataset of identical samples (open_clip --dataset-type synthetic) -------
 
 def _same_step_over_disjoint_positions(rows: dict[int, list[int]]):
-    """Each rank's DistributedSampler shard (disjoint positions of one dataset) fed 8 forwards whose
-    batches (digests) were identical across the ranks; ``rows`` are each rank's input row hashes."""
+    """Each rank's DistributedSampler shard (disjoint positions of one dataset, each drawn once) fed
+    8 forwards whose batches (digests) were identical across the ranks; ``rows`` are the row hashes
+    each rank's loader pass yielded."""
     from builders import loader_pass
 
     label = content.feed_label(f"{SCRIPT}:12", 0)
     per_rank = {}
     for r in range(2):
         window = _forward_window("ddp0", [f"{i:016x}" for i in range(8)], feeds=label)
-        window.hashes, window.num_rows = content_pass(rows[r]).hashes, len(rows[r])
-        per_rank[r] = [ddp_wrap(), loader_pass(list(range(r, 16, 2)), dataset_len=16, dataset_digest="aa"), window]
+        per_rank[r] = [ddp_wrap(), loader_pass(list(range(r, 32, 2)), dataset_len=32, dataset_digest="aa"),
+                       content_pass(rows[r], iterable=False, batch_rows=2), window]
     return make_evidence(2, per_rank)
 
 
