@@ -166,7 +166,9 @@ def _repetition_finding(key: tuple[str, int], events: dict[int, LoaderPass], rep
                  f"(repeated augmentation): it knows the ranks (num_replicas={sampler.num_replicas} and each "
                  f"rank's own rank), so {shared} of {population} samples of the training DataLoader were drawn by "
                  f"more than one rank in pass {key[1]}"),
-        fix="Nothing to do if the repetition is intended (each copy is augmented differently).")
+        fix=("Nothing to do if the repetition is intended (each copy is augmented differently). If the sampler is "
+             "not meant to repeat samples, its ranks' slices overlap: give rank r the positions r, r + num_replicas, "
+             "r + 2 * num_replicas, ... of one permutation that every rank draws alike."))
 
 
 def _fix_for(sampler: SamplerInfo, world_size: int) -> str:
