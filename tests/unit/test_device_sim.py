@@ -412,6 +412,14 @@ def test_the_simulated_stream_skips_torchs_own_constructors(sim, monkeypatch):
     assert torch.cuda.Event(enable_timing=True).enable_timing is True
 
 
+def test_a_simulated_stream_is_a_torch_stream_on_either_build(sim):
+    """As a CUDA stream is on GPUs (a CPU build's torch.cuda.Stream is not): Tensor.record_stream's
+    argument parser takes nothing else, and it reaches the simulation's no-op."""
+    stream, event = torch.cuda.current_stream(), torch.cuda.Event()
+    assert isinstance(stream, torch.Stream) and isinstance(event, torch.Event)
+    torch.ones(2, device="cuda").record_stream(stream)
+
+
 def test_an_optimizer_step_asks_the_simulated_current_stream(sim):
     """torch.optim's graph-capture health check asks torch.accelerator.current_stream().is_capturing()
     before every step: where the CUDA build first broke."""

@@ -43,12 +43,19 @@ def stream_classes(devices: Any, *, bases: Optional[tuple[type, type]] = None) -
     """(Stream, Event) for the simulated ``devices`` (``.current``, ``.index(device, api)``), subclasses
     of ``bases`` (torch.cuda's Stream and Event; a test passes stand-ins for another build's)."""
     stream_base, event_base = bases or (cuda_streams.Stream, cuda_streams.Event)
-    event = _event_class(event_base, devices)
-    return _stream_class(stream_base, event, devices), event
+    event = _event_class(_generic(event_base, getattr(torch, "Event", None)), devices)
+    return _stream_class(_generic(stream_base, getattr(torch, "Stream", None)), event, devices), event
 
 
-def _stream_class(base: type, event_class: type, devices: Any) -> type:
-    class Stream(base):  # type: ignore[misc, valid-type]
+def _generic(base: type, generic: Optional[type]) -> tuple[type, ...]:
+    """``base``, and torch's device-generic class (torch.Stream, torch.Event) where ``base`` is not
+    one (a CPU build's dummies): a CUDA stream is a torch.Stream on either build, the only kind
+    ``Tensor.record_stream`` accepts."""
+    return (base,) if generic is None or issubclass(base, generic) else (base, generic)
+
+
+def _stream_class(bases: tuple[type, ...], event_class: type, devices: Any) -> type:
+    class Stream(*bases):  # type: ignore[misc]
         """A simulated CUDA stream: a no-op on the CPU, on the current simulated device."""
 
         def __new__(cls, device: Any = None, priority: int = 0, **_kwargs: Any) -> "Stream":
@@ -128,8 +135,8 @@ def _stream_class(base: type, event_class: type, devices: Any) -> type:
     return Stream
 
 
-def _event_class(base: type, devices: Any) -> type:
-    class Event(base):  # type: ignore[misc, valid-type]
+def _event_class(bases: tuple[type, ...], devices: Any) -> type:
+    class Event(*bases):  # type: ignore[misc]
         """A simulated CUDA event: ``record()`` stamps the CPU clock; ``elapsed_time()`` is in ms."""
 
         def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
