@@ -1,16 +1,17 @@
 """``torch.cuda.Stream`` and ``torch.cuda.Event`` on the CPU.
 
 CPU work is already ordered, so a stream's methods do nothing and an event stamps the CPU clock.
-Both are subclasses of torch's own classes, so ``isinstance(s, torch.cuda.Stream)`` (either name,
-``torch.cuda.streams.Stream`` included), subclassing and annotations such as ``Stream | None`` work
-as with CUDA.
+Both are subclasses of torch's own classes, torch.cuda's and (as CUDA streams are on GPUs) the
+device-generic ``torch.Stream`` / ``torch.Event``, so ``isinstance(s, torch.cuda.Stream)`` (either
+name, ``torch.cuda.streams.Stream`` included), subclassing, annotations such as ``Stream | None``
+and ``tensor.record_stream(s)`` work as with CUDA.
 
-torch's constructors never run, on either build (:func:`bare_instance`): in a CPU build their bases
-are dummies that refuse to instantiate; in a CUDA build they are C types (``_CudaStreamBase``, a
-``torch.Stream``) whose constructor asks the CUDA driver for the current device, and Python refuses
-``object.__new__`` for a subclass of such a type. Every attribute a script reads (``device``,
-``device_index``, ``stream_id``, ``cuda_stream``...) is the stand-in's own, so both builds answer
-alike and the C fields a CUDA build's base carries stay unread.
+torch's constructors never run, on either build (:func:`bare_instance`): a CPU build's torch.cuda
+bases are dummies that refuse to instantiate, a CUDA build's (``_CudaStreamBase``) asks the CUDA
+driver for the current device, and Python refuses ``object.__new__`` for a subclass of a C type
+with a constructor of its own (torch.Stream, torch.Event). Every attribute a script reads
+(``device``, ``device_index``, ``stream_id``, ``cuda_stream``...) is the stand-in's own, so both
+builds answer alike and the C fields of torch's bases stay unread.
 """
 
 from __future__ import annotations
