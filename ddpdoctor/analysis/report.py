@@ -245,7 +245,8 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
             "ignored": ignored, "reason": "; ".join(reasons)}
 
 
-FRAMEWORK_TITLES = {"accelerate": "Accelerate", "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
+FRAMEWORK_TITLES = {"transformers": "Hugging Face Trainer", "accelerate": "Accelerate", "lightning": "Lightning Trainer",
+                    "fabric": "Lightning Fabric"}
 
 
 def framework_of(evidence: Evidence) -> Optional[dict]:

@@ -1,7 +1,8 @@
 """Which training framework built a DDP module, read from the stack that constructs it.
 
-Accelerate (`Accelerator.prepare`), Lightning's Trainer (its DDP strategy) and Lightning Fabric
-(`Fabric.setup`) each construct DistributedDataParallel from their own code, so the frames on the
+The Hugging Face Trainer (through Accelerate), Accelerate (`Accelerator.prepare`), Lightning's
+Trainer (its DDP strategy) and Lightning Fabric (`Fabric.setup`) each construct
+DistributedDataParallel from their own code, so the frames on the
 stack at that moment name the framework without importing or patching it. Fixes can then use the
 framework's own words (`accelerator.save`, `strategy="ddp_find_unused_parameters_true"`...).
 """
@@ -14,6 +15,7 @@ from typing import Optional
 
 # (path fragment of the framework's own files, framework, module holding __version__), most specific first
 _MARKERS = (
+    ("/transformers/trainer", "transformers", "transformers"),  # the HF Trainer (TRL's trainers subclass it)
     ("/accelerate/", "accelerate", "accelerate"),
     ("/lightning/pytorch/", "lightning", "lightning"),
     ("/pytorch_lightning/", "lightning", "pytorch_lightning"),
@@ -33,7 +35,8 @@ def framework_of(frame: Optional[FrameType]) -> tuple[Optional[str], Optional[st
                 found.add(name)
                 modules.setdefault(name, module)
         frame = frame.f_back
-    for name in ("accelerate", "lightning", "fabric"):  # the Trainer runs Fabric-style code too
+    # The HF Trainer sets DDP up through Accelerate, Lightning's Trainer runs Fabric-style code: the outer one names it.
+    for name in ("transformers", "accelerate", "lightning", "fabric"):
         if name in found:
             version = getattr(sys.modules.get(modules[name]), "__version__", None)
             return name, str(version) if version else None

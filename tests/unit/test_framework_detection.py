@@ -25,6 +25,16 @@ def test_the_framework_on_the_stack_is_named():
     assert _called_from("/job/train.py") == (None, None)
 
 
+def test_the_hf_trainer_is_named_over_the_accelerate_it_sets_ddp_up_with():
+    namespace: dict = {}
+    exec(compile("def prepare(probe):\n    return probe(sys._getframe())\n",
+                 "/venv/site-packages/accelerate/accelerator.py", "exec"), {"sys": sys}, namespace)
+    prepare = namespace["prepare"]
+    exec(compile("def train(probe):\n    return prepare(probe)\n", "/venv/site-packages/transformers/trainer.py",
+                 "exec"), {"prepare": prepare}, namespace)
+    assert namespace["train"](framework_on_stack)[0] == "transformers"
+
+
 def _evidence(framework):
     wrap = ddp_wrap(params=("head.weight",))
     wrap.framework, wrap.framework_version = framework, "1.0"
@@ -38,6 +48,15 @@ def test_fixes_use_the_frameworks_words():
     assert "DistributedDataParallelKwargs(find_unused_parameters=True)" in finding.fix
     (finding,) = unused_parameters.analyze(_evidence(None)).findings
     assert "find_unused_parameters=True" in finding.fix and "Accelerator" not in finding.fix
+
+
+def test_a_needless_find_unused_under_the_hf_trainer_names_its_training_argument():
+    wrap = ddp_wrap(params=("head.weight",), find_unused_parameters=True)
+    wrap.framework, wrap.framework_version = "transformers", "5.23.0"
+    evidence = make_evidence(2, merge(on_all(2, wrap), on_all(2, usage(8))))
+    (finding,) = unused_parameters.analyze(evidence).findings
+    assert finding.severity == "warning" and "ddp_find_unused_parameters=False" in finding.fix
+    assert framework_of(evidence)["title"] == "Hugging Face Trainer"
 
 
 def test_the_report_names_the_framework():
