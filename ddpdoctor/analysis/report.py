@@ -280,7 +280,8 @@ def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
 
 def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script: Optional[str], argv: list[str],
                  duration_s: float) -> Report:
-    backend, device = _backend_and_device(evidence)
+    # Unprobed ranks recorded no process group or model: what they ran on is unknown, not "none".
+    backend, device = ("unknown", "unknown") if analysis.unchecked else _backend_and_device(evidence)
     observations = evidence.observations
     starts = [e for _, e in evidence.events(ProcessStart)] + [e for e in evidence.unranked if isinstance(e, ProcessStart)]
     environments = [e for _, e in evidence.events(RankEnvironment)]  # the version, where torch came after the start

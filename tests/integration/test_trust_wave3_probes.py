@@ -105,6 +105,7 @@ def test_a_job_the_probes_could_not_see_is_not_judged(tmp_path):
     assert run.report["unchecked"]["ranks"] == [0, 1]
     assert "torch was imported without ddpdoctor's import hook firing" in run.report["unchecked"]["reason"]
     assert {c["status"] for c in run.report["checks"]} == {"skip"}
+    assert (run.report["backend"], run.report["device"]) == ("unknown", "unknown")  # nothing was seen
     assert "verdict: NOT CHECKED: ddpdoctor could not check this job" in run.output
 
 
