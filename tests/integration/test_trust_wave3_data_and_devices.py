@@ -51,7 +51,7 @@ def test_every_rank_building_the_dataset_of_all_files_is_still_an_overlap(run_ch
     (finding,) = run.findings("sampler-disjoint")
     assert finding["evidence"].get("basis", "indices") == "indices"
     assert "256 of 256 samples" in finding["message"]
-    assert finding["location"]["line"] == _line_of("bad_rank_local_full_list.py", "return DataLoader(dataset")
+    assert finding["location"]["line"] == _line_of("good_rank_local_shards.py", "return DataLoader(dataset")
     assert _consequences(finding) == {"sampler-disjoint"}
     (seen_again,) = finding["consequences"]
     assert seen_again["evidence"]["basis"] == "content" and seen_again["evidence"]["indices"] == "overlapping"
