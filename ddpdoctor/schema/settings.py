@@ -26,6 +26,9 @@ FR_DUMPS = "DDPDOCTOR_FR_DUMPS"  # --keep-evidence: ranks write flight recorder 
 # torchrun, by leaving RELAUNCH_UNDER_TORCHRUN in the evidence folder (its contents: the call site).
 SPAWN_GUESSED = "DDPDOCTOR_SPAWN_GUESSED"
 RELAUNCH_UNDER_TORCHRUN = "relaunch-under-torchrun.json"
+# Set for the supervisor: a folder where each run writes the analysis's whole input beside its JSON report,
+# so the analysis can be replayed offline (the golden-report test).
+CAPTURE_DIR = "DDPDOCTOR_CAPTURE_DIR"
 
 DEFAULT_HEARTBEAT_S = 0.5
 

@@ -172,10 +172,34 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
     with no_cyclic_gc():
         evidence = Evidence.from_processes((parse_lines(lines, pool) for lines in collected.processes),
                                            observations=observations, script=script)
-        analysis = analyze(evidence, checks, suppressions=scan_files(_source_files(evidence, script)))
-        return build_report(evidence, analysis, version=__version__,
-                            script=None if config.is_reference else script, argv=list(config.script_args),
-                            duration_s=time.monotonic() - started)
+        suppressions = scan_files(_source_files(evidence, script))
+        analysis = analyze(evidence, checks, suppressions=suppressions)
+        report = build_report(evidence, analysis, version=__version__,
+                              script=None if config.is_reference else script, argv=list(config.script_args),
+                              duration_s=time.monotonic() - started)
+    _capture_analysis_input(config, collected, observations, script, checks, suppressions, report)
+    return report
+
+
+def _capture_analysis_input(config: RunConfig, collected: Collected, observations: Observations, script: str,
+                            checks: list, suppressions: list, report: "Report") -> None:
+    """DDPDOCTOR_CAPTURE_DIR: write what the analysis read (every process's evidence lines, the
+    observations, the checks, the suppressions) beside the JSON report it gave, so the analysis can be
+    replayed offline on exactly this input (tests/unit/test_golden_reports.py replays the fixtures')."""
+    directory = os.environ.get(settings.CAPTURE_DIR)
+    if not directory:
+        return
+    import gzip
+    import json
+
+    record = {"processes": collected.processes, "observations": observations.to_json(), "script": script,
+              "is_reference": config.is_reference, "argv": list(config.script_args),
+              "checks": [c.id for c in checks], "suppressions": [s.to_json() for s in suppressions],
+              "report": report.to_json()}
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{os.path.basename(script)}-{os.getpid()}-{time.monotonic_ns()}.json.gz")
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(record, f)
 
 
 def _source_files(evidence: "Evidence", script: str) -> set[str]:
