@@ -20,11 +20,15 @@ says, like ``case``, or that only tools need, like fingerprints).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
-__all__ = ["LABELS", "PHASES", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text", "number",
+from ddpdoctor.schema.findings import EvidenceRecord, FieldInfo, as_evidence
+
+__all__ = ["UNITS", "LABELS", "PHASES", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text", "number",
            "size", "seconds", "call_text"]
 
 MAX_ITEMS = 8
@@ -249,6 +253,19 @@ def _field_text(key: str, value: Any, depth: int) -> str:
     return format_value(value, key, depth=depth + 1)
 
 
+# The labels of the keys of records nested in the field being rendered (FieldInfo.labels).
+_NESTED: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("nested_labels", default={})
+
+
+@contextlib.contextmanager
+def _nested_labels(labels: Mapping[str, str]) -> Iterator[None]:
+    token = _NESTED.set(labels)
+    try:
+        yield
+    finally:
+        _NESTED.reset(token)
+
+
 def record_text(record: dict, *, depth: int = 0) -> str:
     """A record as one phrase: ``rank 0: `.cpu()` at train.py:31 after step 1, count 4``.
 
@@ -393,10 +410,29 @@ LABELS: dict[str, Optional[tuple[str, Optional[Formatter]]]] = {
 
 _UNIT_SUFFIXES = ("_s", "_bytes", "_gbps", "_pct")
 
+# How a field's value reads, by the unit its declaration names (FieldInfo.unit).
+UNITS: dict[str, Formatter] = {
+    "s": lambda v: seconds(float(v)),
+    "bytes": size,
+    "gbps": lambda v: f"{number(v)} GB/s",
+    "pct": lambda v: f"{number(v)} %",
+    "fraction": percent,
+    "ranks": ranks_text,
+    "rank": lambda v: f"rank {v}",
+    "code": lambda v: f"`{v}`",
+    "names": _names,
+    "site": site_text,
+    "pass-pairs": lambda v: _rank_map(v, _repeats) if _is_rank_map(v) else format_value(v),
+    "grads-or-params": _compared,
+}
+
 
 def _label_of(key: Any) -> str:
     """The key's label, or the key in words without its unit suffix (the value carries the unit)."""
     key = str(key)
+    nested = _NESTED.get().get(key)
+    if nested:
+        return nested
     entry = LABELS.get(key)
     if entry:
         return entry[0]
@@ -407,23 +443,39 @@ def _label_of(key: Any) -> str:
     return key.replace("_", " ")
 
 
-def evidence_rows(evidence: dict, *, limit: int = 12) -> list[tuple[str, list[str]]]:
-    """(label, lines) per shown key, in the check's order. A list of records, a map of named entries
-    (iterations without a gradient per parameter) or a rank map of records give one line per item;
-    anything else one line."""
+def evidence_rows(evidence: Union[EvidenceRecord, Mapping[str, Any]], *,
+                  limit: int = 12) -> list[tuple[str, list[str]]]:
+    """(label, lines) per shown field, in the check's order: each field's label and unit come from its
+    declaration (:func:`~ddpdoctor.schema.findings.evidence_field`); a plain dict's keys read by the shape
+    of their values. A list of records, a map of named entries (iterations without a gradient per
+    parameter) or a rank map of records give one line per item; anything else one line."""
     rows: list[tuple[str, list[str]]] = []
-    for key, value in evidence.items():
-        if _absent(value) or key in RAW_KEYS:
+    for key, value, info in as_evidence(evidence).rows():
+        info = _untyped_info(key, info)
+        if info.hidden or _absent(value) or key in RAW_KEYS:
             continue
-        if key in LABELS and LABELS[key] is None:
-            continue
-        entry = LABELS.get(key)
-        label, fmt = entry if entry else (_label_of(key), None)
-        lines = [fmt(value)] if fmt is not None else _lines(value, key)
+        label = info.label or _label_of(key)
+        fmt = UNITS.get(info.unit) if info.unit else _LEGACY_FORMATTERS.get(key)
+        if fmt is not None:
+            lines = [fmt(value)]
+        else:
+            with _nested_labels(info.labels):
+                lines = _lines(value, key)
         rows.append((label, lines))
         if len(rows) >= limit:
             break
     return rows
+
+
+def _untyped_info(key: str, info: FieldInfo) -> FieldInfo:
+    """TRANSITIONAL, until every built-in check's evidence is typed: a dict key's label from LABELS."""
+    if info != FieldInfo() or key not in LABELS:
+        return info
+    entry = LABELS[key]
+    return FieldInfo(hidden=True) if entry is None else FieldInfo(label=entry[0])
+
+
+_LEGACY_FORMATTERS: dict[str, Formatter] = {k: v[1] for k, v in LABELS.items() if v is not None and v[1] is not None}
 
 
 def _lines(value: Any, key: str) -> list[str]:

@@ -1,0 +1,296 @@
+"""What a check concludes, shared by the analysis side (which makes findings) and the supervisor side
+(which gates an exit code on their severity): :class:`Severity`, :class:`Location`, :class:`Finding`,
+:class:`Consequence`, and the base of every check's typed evidence, :class:`EvidenceRecord`.
+
+Evidence is typed so that the names a report is built from exist once: a check declares its evidence
+as a dataclass whose fields carry their human label and unit (:func:`evidence_field`); renderers read
+those, the causality pass reads attributes, and the JSON report is the record's :meth:`~EvidenceRecord.to_json`,
+unchanged from the dicts checks wrote before. A plugin may still pass a plain dict: it becomes
+:class:`RawEvidence`, rendered by the shape of its values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar, Iterator, Mapping, Optional, Union
+
+__all__ = ["Severity", "Location", "FieldInfo", "evidence_field", "EvidenceRecord", "RawEvidence", "as_evidence",
+           "Consequence", "Finding", "register_evidence", "evidence_type"]
+
+
+class Severity(str, Enum):
+    """How bad a finding is. A ``str`` enum: ``Severity.ERROR == "error"``, and JSON writes "error"."""
+
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __hash__(self) -> int:  # equal to its value, so "error" finds Severity.ERROR in a set or dict
+        return hash(self.value)
+
+    @property
+    def rank(self) -> int:
+        """0 (info) < 1 (warning) < 2 (error): for sorting and ``--fail-on`` thresholds."""
+        return _SEVERITY_RANK[self.value]
+
+    @classmethod
+    def parse(cls, value: Union[str, "Severity"]) -> "Severity":
+        """The severity ``value`` names; ValueError naming the three for anything else."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            raise ValueError(f"unknown severity {value!r}; expected one of: "
+                             f"{', '.join(s.value for s in cls)}") from None
+
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int
+
+    @classmethod
+    def from_site(cls, site: Any) -> Optional["Location"]:
+        """From a probe's call site: a {file, line} dict or a list of them (innermost first)."""
+        if isinstance(site, list):
+            site = site[0] if site else None
+        if isinstance(site, dict) and site.get("file") and site.get("line") is not None:
+            return cls(file=site["file"], line=int(site["line"]))
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line}
+
+
+@dataclass(frozen=True)
+class FieldInfo:
+    """How people read one evidence field. ``label``: its name in words (None: the field name in words).
+    ``unit``: how its value reads (see ddpdoctor.analysis.render.evidence.UNITS: "s", "bytes", "gbps",
+    "pct", "fraction", "ranks", "rank", "code", "names", "site", "shape"...; None: by the value's
+    shape). ``hidden``: the message already says it, or only tools read it (it stays in the JSON).
+    ``key``: its JSON key where that is no Python name (``pass``). ``keep_none``: written as null
+    when None (otherwise a None field is left out of the JSON, as an absent key was before).
+    ``labels``: labels of the keys of records nested in the value."""
+
+    label: Optional[str] = None
+    unit: Optional[str] = None
+    hidden: bool = False
+    key: Optional[str] = None
+    keep_none: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+_INFO = "ddpdoctor"
+
+
+def evidence_field(default: Any = None, *, label: Optional[str] = None, unit: Optional[str] = None,
+                   hidden: bool = False, key: Optional[str] = None, keep_none: bool = False,
+                   labels: Optional[Mapping[str, str]] = None, default_factory: Any = None) -> Any:
+    """A field of an :class:`EvidenceRecord` with its label and unit beside it."""
+    info = FieldInfo(label=label, unit=unit, hidden=hidden, key=key, keep_none=keep_none, labels=dict(labels or {}))
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata={_INFO: info})
+    return field(default=default, metadata={_INFO: info})
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, EvidenceRecord):
+        return value.to_json()
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class EvidenceRecord:
+    """Base of a check's evidence: a frozen dataclass whose fields are declared with :func:`evidence_field`.
+
+    Fields are written to JSON in declaration order, a None field left out unless it keeps its None."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f, info in self._fields():
+            value = getattr(self, f.name)
+            if value is None and not info.keep_none:
+                continue
+            out[info.key or f.name] = _jsonable(value)
+        return out
+
+    def rows(self) -> Iterator[tuple[str, Any, FieldInfo]]:
+        """(JSON key, value, how to read it) per field present, in declaration order."""
+        for f, info in self._fields():
+            value = getattr(self, f.name)
+            if value is None and not info.keep_none:
+                continue
+            yield info.key or f.name, value, info
+
+    @classmethod
+    def _fields(cls) -> list[tuple[dataclasses.Field, FieldInfo]]:
+        cached = cls.__dict__.get("_field_infos")
+        if cached is None:
+            cached = [(f, f.metadata.get(_INFO) or FieldInfo()) for f in dataclasses.fields(cls)]
+            setattr(cls, "_field_infos", cached)
+        return cached
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "EvidenceRecord":
+        """Back from :meth:`to_json` (a saved report rendered again); keys this build does not know are
+        kept as :class:`RawEvidence` rather than lost."""
+        keys = {info.key or f.name: f.name for f, info in cls._fields()}
+        if not set(data) <= set(keys):
+            return RawEvidence(dict(data))
+        return cls(**{keys[k]: v for k, v in data.items()})
+
+    def __bool__(self) -> bool:
+        return bool(self.to_json())
+
+    # A read-only view by JSON key, for tools and tests reading a report; the analysis reads attributes.
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_json().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_json()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.to_json()
+
+
+@dataclass(frozen=True, eq=False)
+class RawEvidence(EvidenceRecord):
+    """Evidence given as a plain dict (a plugin's, or a saved report's of an unknown check): rendered
+    by the shape of its values, written to JSON as it is."""
+
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: _jsonable(v) for k, v in self.data.items()}
+
+    def rows(self) -> Iterator[tuple[str, Any, FieldInfo]]:
+        for key, value in self.data.items():
+            yield key, value, FieldInfo()
+
+    def keys(self) -> Any:
+        return self.data.keys()
+
+    def __setitem__(self, key: str, value: Any) -> None:  # TRANSITIONAL: checks not yet typed fill it in
+        self.data[key] = value  # type: ignore[index]
+
+    def update(self, other: Mapping[str, Any]) -> None:  # TRANSITIONAL
+        self.data.update(other)  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RawEvidence):
+            return dict(self.data) == dict(other.data)
+        if isinstance(other, dict):
+            return dict(self.data) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def as_evidence(value: Union[EvidenceRecord, Mapping[str, Any], None]) -> EvidenceRecord:
+    if isinstance(value, EvidenceRecord):
+        return value
+    return RawEvidence(dict(value or {}))
+
+
+# check id -> its evidence record type, so a saved report's evidence comes back typed.
+_EVIDENCE_TYPES: dict[str, type[EvidenceRecord]] = {}
+
+
+def register_evidence(check_id: str, record: type[EvidenceRecord]) -> None:
+    _EVIDENCE_TYPES[check_id] = record
+
+
+def evidence_type(check_id: str) -> Optional[type[EvidenceRecord]]:
+    return _EVIDENCE_TYPES.get(check_id)
+
+
+def _evidence_from_json(check_id: str, data: Optional[Mapping[str, Any]]) -> EvidenceRecord:
+    record = evidence_type(check_id)
+    if record is None:
+        return RawEvidence(dict(data or {}))
+    return record.from_json(data or {})
+
+
+@dataclass(frozen=True)
+class Consequence:
+    """A symptom explained by a root-cause finding: shown under it, never counted on its own."""
+
+    check: str
+    message: str
+    ranks: tuple[int, ...] = ()
+    location: Optional[Location] = None
+    evidence: EvidenceRecord = field(default_factory=RawEvidence)
+    severity: Severity = Severity.ERROR  # what the check would have said on its own
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", as_evidence(self.evidence))
+        object.__setattr__(self, "severity", Severity.parse(self.severity))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"check": self.check, "message": self.message, "ranks": sorted(self.ranks),
+                "location": self.location.to_json() if self.location else None, "evidence": self.evidence.to_json(),
+                "severity": self.severity.value}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Consequence":
+        """Back from :meth:`to_json`, so a saved report can be rendered again (unknown keys ignored)."""
+        return cls(check=data["check"], message=data["message"], ranks=tuple(data.get("ranks", ())),
+                   location=Location.from_site(data.get("location")),
+                   evidence=_evidence_from_json(data["check"], data.get("evidence")),
+                   severity=Severity.parse(data.get("severity", "error")))
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem a check found. ``evidence``: the check's typed record (a dict is taken as
+    :class:`RawEvidence`)."""
+
+    check: str
+    severity: Severity
+    message: str
+    fix: str
+    ranks: tuple[int, ...] = ()
+    location: Optional[Location] = None
+    evidence: EvidenceRecord = field(default_factory=RawEvidence)
+    consequences: tuple[Consequence, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "evidence", as_evidence(self.evidence))
+        object.__setattr__(self, "severity", Severity.parse(self.severity))
+
+    def as_consequence(self) -> Consequence:
+        return Consequence(check=self.check, message=self.message, ranks=self.ranks, location=self.location,
+                           evidence=self.evidence, severity=self.severity)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "severity": self.severity.value,
+            "message": self.message,
+            "ranks": sorted(self.ranks),
+            "location": self.location.to_json() if self.location else None,
+            "evidence": self.evidence.to_json(),
+            "fix": self.fix,
+            "consequences": [c.to_json() for c in self.consequences],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Finding":
+        """Back from :meth:`to_json`, so a saved report can be rendered again (unknown keys ignored)."""
+        return cls(check=data["check"], severity=Severity.parse(data["severity"]), message=data["message"],
+                   fix=data["fix"], ranks=tuple(data.get("ranks", ())), location=Location.from_site(data.get("location")),
+                   evidence=_evidence_from_json(data["check"], data.get("evidence")),
+                   consequences=tuple(Consequence.from_json(c) for c in data.get("consequences", ())))
