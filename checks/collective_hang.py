@@ -9,7 +9,7 @@ from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure
-from ddpdoctor.analysis.postmortem import timed_out_ranks
+from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
 from ddpdoctor.analysis.trace import Mismatch, RankTrace, TraceEntry
 from ddpdoctor.schema.observations import StopSnapshot
 

@@ -378,7 +378,7 @@ def analyze(
 
     from ddpdoctor.supervisor import display as displays
     from ddpdoctor.supervisor import outputs
-    from ddpdoctor.supervisor.postmortem import analyze as analyze_files
+    from ddpdoctor.supervisor.analyze import analyze as analyze_files
 
     try:
         result = analyze_files(paths, world_size=world_size)

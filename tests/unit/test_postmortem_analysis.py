@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from ddpdoctor.analysis import elastic
-from ddpdoctor.analysis.flightrecorder import NotADump, rank_from_name, read_dump
-from ddpdoctor.analysis.fr_convert import Interner, convert_dump, is_library_file
-from ddpdoctor.analysis.postmortem import discover, load
+from ddpdoctor.postmortem import torchrun_files
+from ddpdoctor.postmortem.discover import discover
+from ddpdoctor.postmortem.dump_events import Interner, convert_dump, is_library_file
+from ddpdoctor.postmortem.flight_recorder import NotADump, rank_from_name, read_dump
+from ddpdoctor.postmortem.to_evidence import load
 from ddpdoctor.schema.events import Collective, InternalCollectives, ProbeError
+from ddpdoctor.supervisor.analyze import analyze
 from ddpdoctor.supervisor.hang import classify
-from ddpdoctor.supervisor.postmortem import analyze
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "flight_recorder"
 
@@ -187,7 +188,7 @@ def test_without_the_failure_table_only_the_dumps_speak():
 # -- torchrun's files -----------------------------------------------------------------------------------
 
 def test_torchruns_failure_table_is_parsed_with_signals_and_error_files():
-    table = elastic.parse_failure_table((DATA / "killed" / "torchrun.log").read_text())
+    table = torchrun_files.parse_failure_table((DATA / "killed" / "torchrun.log").read_text())
     by_rank = {f.rank: f for f in table.failures}
     assert by_rank[1].signal == "SIGKILL" and by_rank[1].exitcode == -9
     assert by_rank[0].signal == "SIGTERM" and by_rank[0].local_rank == 0
@@ -197,7 +198,7 @@ def test_torchruns_failure_table_is_parsed_with_signals_and_error_files():
 
 def test_an_error_file_becomes_the_exception_its_rank_raised():
     path = DATA / "killed" / "error_0.json"
-    error = elastic.read_error_file(str(path), json.loads(path.read_text()))
+    error = torchrun_files.read_error_file(str(path), json.loads(path.read_text()))
     assert error.rank == 0 and error.event.type == "RuntimeError"
     assert "Connection reset by peer" in error.event.message or "Connection closed" in error.event.message
     assert error.event.location["file"].endswith("_synthetic.py") and error.event.location["line"] == 82
@@ -211,7 +212,7 @@ def test_a_console_log_is_split_by_rank_prefix(tmp_path):
                    "[rank1]:     step()\n"
                    "[rank1]: ValueError: bad batch\n"
                    "[rank0]: epoch 1 done\n")
-    logs = elastic.read_log(str(log), log.read_text())
+    logs = torchrun_files.read_log(str(log), log.read_text())
     assert set(logs) == {0, 1}
     assert logs[1].exception.type == "ValueError" and logs[1].exception.message == "bad batch"
     assert logs[1].exception.location == {"file": "/job/train.py", "line": 9}
@@ -243,7 +244,7 @@ def test_dumps_converted_in_other_processes_are_the_same_evidence():
     def events(postmortem):
         return {r: [e.to_json() for e in ev.events] for r, ev in postmortem.evidence.ranks.items()}
 
-    import ddpdoctor.analysis.postmortem as module
+    import ddpdoctor.postmortem.read_dumps as module
     saved = module.PARALLEL_FROM
     try:
         module.PARALLEL_FROM = 1  # four dumps: take the packed path anyway, with map() for the pool

@@ -2,9 +2,10 @@
 live ``ddpdoctor check`` gathers, so the same checks diagnose it.
 
 Inputs (folders, globs or files, sorted out by their content): per-rank flight recorder dumps
-(:mod:`ddpdoctor.analysis.flightrecorder`), torchrun's error files and failure table, and rank logs
-(:mod:`ddpdoctor.analysis.elastic`). Each dump becomes its rank's events (:mod:`fr_convert`); the
-state the dumps were taken in becomes the monitor's :class:`StopSnapshot`:
+(:mod:`flight_recorder`), torchrun's error files and failure table, and rank logs
+(:mod:`torchrun_files`), sorted by :mod:`discover`. Each dump becomes its rank's events
+(:mod:`dump_events`, :mod:`read_dumps`); the state the dumps were taken in becomes the monitor's
+:class:`StopSnapshot`:
 
 - a rank with a collective enqueued and not completed *waits* in it (its stack: the collective's);
 - a rank whose collectives all completed is *computing*: not inside a collective, in its own code
@@ -21,35 +22,23 @@ state the dumps were taken in becomes the monitor's :class:`StopSnapshot`:
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Optional
 
-from ddpdoctor.analysis import elastic
-from ddpdoctor.analysis.evidence import POST_MORTEM, Evidence, RankEvidence, no_cyclic_gc
-from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump, NotADump, rank_from_name, read_dump
-from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner, as_stack, convert_dump, is_library_file
-from ddpdoctor.analysis.fr_pack import Packer, Unpacker
+from ddpdoctor.analysis.evidence import POST_MORTEM, Evidence, RankEvidence
+from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
+from ddpdoctor.postmortem import torchrun_files
+from ddpdoctor.postmortem.discover import Inputs, discover, read_text_tail
+from ddpdoctor.postmortem.dump_events import ConvertedRank, Interner, as_stack, is_library_file
+from ddpdoctor.postmortem.read_dumps import MapChunks, converted_dumps
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
 from ddpdoctor.schema.observations import Heartbeat, Observations, RankState, StopSnapshot
 
-__all__ = ["Inputs", "PostMortem", "discover", "load", "timed_out_ranks", "PROBE"]
+__all__ = ["PostMortem", "load", "PROBE"]
 
 PROBE = "flight-recorder"  # what the report names when a dump could not show something
 Classify = Callable[[list, Optional[Heartbeat]], tuple[str, Optional[str]]]
-_LOG_SUFFIXES = (".log", ".out", ".err", ".txt")
-_TEXT_TAIL = 4 << 20  # a log's last 4 MiB hold its traceback and torchrun's failure table
-
-
-@dataclass
-class Inputs:
-    """The files given, sorted by what they are."""
-
-    dumps: list[str] = field(default_factory=list)
-    error_files: list[str] = field(default_factory=list)
-    logs: list[str] = field(default_factory=list)
-    ignored: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
 
 
 @dataclass
@@ -61,131 +50,6 @@ class PostMortem:
     notes: list[str] = field(default_factory=list)
     torchrun_root_cause: Optional[int] = None  # the rank torchrun called the first observed failure
     formats: list[str] = field(default_factory=list)
-
-
-def discover(paths: list[str]) -> Inputs:
-    """Sort the paths given (folders walked, globs expanded) into dumps, error files and logs.
-    A path that does not exist is a ValueError."""
-    inputs = Inputs()
-    seen: set[str] = set()
-    for given in paths:
-        if os.path.isdir(given):
-            for root, dirs, files in os.walk(given):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(f for f in files if not f.startswith(".")):  # hidden: not a job's output
-                    _sort(os.path.join(root, name), inputs, seen, explicit=False)
-            continue
-        matches = sorted(glob.glob(given)) if glob.has_magic(given) else [given]
-        if not matches or not all(os.path.exists(m) for m in matches):
-            raise ValueError(f"no such file or folder: {given}")
-        for path in matches:
-            if os.path.isdir(path):
-                inputs_from_dir = discover([path])
-                for kind in ("dumps", "error_files", "logs", "ignored"):
-                    getattr(inputs, kind).extend(x for x in getattr(inputs_from_dir, kind) if x not in getattr(inputs, kind))
-            else:
-                _sort(path, inputs, seen, explicit=True)
-    return inputs
-
-
-def _sort(path: str, inputs: Inputs, seen: set[str], *, explicit: bool) -> None:
-    real = os.path.realpath(path)
-    if real in seen:
-        return
-    seen.add(real)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError as exc:
-        inputs.ignored.append((path, f"unreadable ({exc.strerror})"))
-        return
-    if head[:1] == b"\x80":
-        inputs.dumps.append(path)
-    elif head.lstrip()[:1] == b"{":
-        data = elastic.load_json(path)
-        if isinstance(data, dict) and isinstance(data.get("entries"), list):
-            inputs.dumps.append(path)
-        elif elastic.looks_like_error_file(data):
-            inputs.error_files.append(path)
-        elif not _ours(path):
-            inputs.ignored.append((path, "JSON that is neither a flight recorder dump nor a torchrun error file"))
-    elif b"\0" in head:
-        if not _ours(path):
-            inputs.ignored.append((path, "a binary file that is not a flight recorder dump"))
-    elif explicit or path.endswith(_LOG_SUFFIXES):
-        inputs.logs.append(path)
-    elif not _ours(path):
-        inputs.ignored.append((path, "text without a .log/.out/.err/.txt name (name it on the command line to read it)"))
-
-
-def _ours(path: str) -> bool:
-    """ddpdoctor's own evidence files in a --keep-evidence folder: not for this reader."""
-    name = os.path.basename(path)
-    return name.startswith(("events-", "hb-", "stack-", "agent-", "dump-request"))
-
-
-def _read_text_tail(path: str) -> str:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - _TEXT_TAIL))
-        return f.read().decode("utf-8", errors="replace")
-
-
-MapChunks = Callable[[Callable[[list], tuple], list], Iterable[tuple]]  # map(function, chunks), maybe in processes
-CHUNK = 16  # dumps per task when converting in several processes
-PARALLEL_FROM = 64  # fewer dumps convert faster here than a pool of processes starts
-
-
-def convert_chunk(paths: list[str]) -> tuple:
-    """Read and convert some dumps, for another process: (the packer's tables, one result per path),
-    the events packed (:class:`Packer`)."""
-    group_ranks: dict[str, list] = {}
-    interner = Interner()
-    packer = Packer()
-    with no_cyclic_gc():
-        out = []
-        for path in paths:
-            result = _convert_path(path, group_ranks, interner)
-            out.append(result if result[0] == "bad" else (*result[:5], packer.pack(result[5], group_ranks)))
-        return packer.tables, out
-
-
-def _convert_path(path: str, group_ranks: dict[str, list], interner: Interner) -> tuple:
-    """("ok", rank, (path, mtime, format, version), world size per pg_config, {group: ranks}, converted)
-    or ("bad", path, why, the rank its name says)."""
-    try:
-        dump = read_dump(path)
-    except NotADump as exc:
-        return ("bad", path, str(exc).split(": ", 1)[-1], rank_from_name(path))
-    groups: dict[str, list] = {}
-    _record_group_ranks(dump, groups)
-    _merge_groups(group_ranks, groups)
-    converted = convert_dump(dump, group_ranks=group_ranks, interner=interner)
-    return ("ok", dump.rank, (path, dump.mtime, dump.format, dump.version), _world_from_config(dump), groups,
-            converted)
-
-
-def _merge_groups(group_ranks: dict[str, list], found: dict[str, list]) -> None:
-    for name, ranks in found.items():
-        shared = group_ranks.setdefault(name, [])
-        if ranks and not shared:
-            shared.extend(ranks)
-
-
-def _converted_dumps(paths: list[str], group_ranks: dict[str, list], interner: Interner,
-                     map_chunks: Optional[MapChunks]) -> Iterator[tuple]:
-    if map_chunks is None or len(paths) < PARALLEL_FROM:
-        for path in paths:
-            yield _convert_path(path, group_ranks, interner)
-        return
-    for tables, results in map_chunks(convert_chunk, [paths[i:i + CHUNK] for i in range(0, len(paths), CHUNK)]):
-        unpacker = Unpacker(tables, interner)
-        for result in results:
-            if result[0] == "ok":
-                _merge_groups(group_ranks, result[4])
-                result = (*result[:5], unpacker.unpack(result[5], group_ranks=group_ranks))
-            yield result
 
 
 def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = None,
@@ -203,7 +67,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     world_ranks = 0
     notes: list[str] = []
     unreadable: set[Optional[int]] = set()
-    for result in _converted_dumps(inputs.dumps, group_ranks, interner, map_chunks):
+    for result in converted_dumps(inputs.dumps, group_ranks, interner, map_chunks):
         if result[0] == "bad":
             _, path, why, rank = result
             inputs.ignored.append((path, why))
@@ -222,21 +86,21 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
                 notes.append(f"process group {name}: gloo does not record its members; ranks "
                              f"{', '.join(map(str, ranks))} used it")
 
-    table = elastic.FailureTable()
-    logs: dict[int, elastic.RankLog] = {}
+    table = torchrun_files.FailureTable()
+    logs: dict[int, torchrun_files.RankLog] = {}
     for path in inputs.logs:
-        text = _read_text_tail(path)
-        if elastic.looks_like_failure_table(text):
-            found = elastic.parse_failure_table(text)
+        text = read_text_tail(path)
+        if torchrun_files.looks_like_failure_table(text):
+            found = torchrun_files.parse_failure_table(text)
             table.failures.extend(f for f in found.failures if f.rank not in {x.rank for x in table.failures})
             table.error_files.update(found.error_files)
             table.root_cause = found.root_cause if table.root_cause is None else table.root_cause
-        for rank, log in elastic.read_log(path, text).items():
+        for rank, log in torchrun_files.read_log(path, text).items():
             logs.setdefault(rank, log)
-    errors: dict[int, elastic.ErrorFile] = {}
+    errors: dict[int, torchrun_files.ErrorFile] = {}
     for path in inputs.error_files:
-        data = elastic.load_json(path)
-        error = elastic.read_error_file(path, data)  # type: ignore[arg-type]
+        data = torchrun_files.load_json(path)
+        error = torchrun_files.read_error_file(path, data)  # type: ignore[arg-type]
         rank = table.error_files.get(os.path.normpath(path), error.rank)
         if rank is None:
             inputs.ignored.append((path, "an error file whose rank neither its path nor torchrun's failure table says"))
@@ -278,35 +142,8 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
                       formats=sorted({meta[2] for meta in dumps_meta.values()}))
 
 
-def _world_from_config(dump: Dump) -> int:
-    """The world size where the dump recorded the default group's members (NCCL does)."""
-    for name, config in dump.pg_config.items():
-        if str(name) == WORLD_PG or (isinstance(config, dict) and config.get("desc") == "default_pg"):
-            return len(_ranks_list(config.get("ranks")))
-    return 0
-
-
-def _record_group_ranks(dump: Dump, group_ranks: dict[str, list]) -> None:
-    for name, config in dump.pg_config.items():
-        if str(name) in ("", WORLD_PG) or not isinstance(config, dict):
-            continue
-        ranks = _ranks_list(config.get("ranks"))
-        shared = group_ranks.setdefault(str(name), [])
-        if ranks and not shared:
-            shared.extend(ranks)
-
-
-def _ranks_list(value) -> list[int]:
-    if isinstance(value, str):
-        value = value.strip("[] ").split(",") if value.strip("[] ") else []
-    try:
-        return [int(v) for v in value or []]
-    except (TypeError, ValueError):
-        return []
-
-
-def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int, elastic.ErrorFile],
-              logs: dict[int, elastic.RankLog], world_size: int) -> Evidence:
+def _evidence(converted: dict[int, ConvertedRank], meta: dict, errors: dict[int, torchrun_files.ErrorFile],
+              logs: dict[int, torchrun_files.RankLog], world_size: int) -> Evidence:
     evidence = Evidence()
     for rank in sorted(set(converted) | set(errors) | set(logs)):
         conv = converted.get(rank)
@@ -380,27 +217,6 @@ def _snapshot(converted: dict[int, ConvertedRank], meta: dict, missing: list[int
     if waiting or timed_out_ranks(stop):
         stop.reason = "hang"
     return stop
-
-
-# How long after a collective's timeout its watchdog may take to dump: NCCL's heartbeat monitor waits
-# up to 8 minutes (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=480) for a stuck watchdog before it dumps itself.
-WATCHDOG_DUMP_DELAY_S = 600.0
-
-
-def timed_out_ranks(stop: StopSnapshot) -> list[int]:
-    """Of a post-mortem's snapshot, the ranks whose pending collective had waited its whole timeout
-    (``threshold_s``: the longest timeout the dumps record) when they dumped, and not much longer:
-    the watchdog fires at that moment and dumps, so these dumps are its, and the job did hang.
-
-    A dump carries no time of its own: its file's modification time stands for it. A copy that did
-    not keep that time (a checkout, ``cp`` without ``-p``) is written later, which would make any
-    pending collective look timed out; a wait far past the timeout, later than any watchdog dumps,
-    is therefore not taken as one."""
-    timeout = stop.threshold_s
-    if not timeout:
-        return []
-    return sorted(r for r, s in stop.ranks.items() if s.state == "waiting"
-                  and timeout <= (s.stalled_s or 0.0) <= timeout + WATCHDOG_DUMP_DELAY_S)
 
 
 def _notes(converted: dict[int, ConvertedRank], meta: dict, missing: list[int], evidence: Evidence) -> list[str]:

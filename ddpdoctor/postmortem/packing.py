@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 
-from ddpdoctor.analysis.fr_convert import ConvertedRank, Interner
+from ddpdoctor.postmortem.dump_events import ConvertedRank, Interner
 from ddpdoctor.schema.events import Collective, Event, InternalCollectives
 
 __all__ = ["Packer", "Unpacker"]

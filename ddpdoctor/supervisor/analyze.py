@@ -17,12 +17,12 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.analysis.evidence import no_cyclic_gc
-from ddpdoctor.analysis.postmortem import PostMortem, load
 from ddpdoctor.analysis.registry import load_checks
 from ddpdoctor.analysis.report import Report, build_report
 from ddpdoctor.analysis.runner import analyze as run_checks
 from ddpdoctor.analysis.runner import select_checks
 from ddpdoctor.analysis.suppression import scan_files
+from ddpdoctor.postmortem.to_evidence import PostMortem, load
 from ddpdoctor.supervisor.hang import classify
 
 __all__ = ["POSTMORTEM_CHECKS", "PostMortemReport", "analyze"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional
 
-from ddpdoctor.analysis.fr_convert import is_library_file
+from ddpdoctor.postmortem.dump_events import is_library_file
 from ddpdoctor.schema.events import ExceptionEvent
 from ddpdoctor.schema.observations import Failure
 

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from ddpdoctor.analysis.flightrecorder import WORLD_PG, Dump
+from ddpdoctor.postmortem.flight_recorder import WORLD_PG, Dump
 from ddpdoctor.schema.events import Collective, Event, InternalCollectives
 
 __all__ = ["ConvertedRank", "Pending", "convert_dump", "is_library_file", "user_site", "as_stack", "Interner"]
