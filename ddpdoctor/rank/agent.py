@@ -59,7 +59,7 @@ def main() -> None:
     from ddpdoctor.rank.gc_pause import gc_paused
 
     # torchrun's own log lines (a worker failed, a death signal received) reach the supervisor, which
-    # keeps them off the screen (supervisor/output.py) and in the report's launcher log instead.
+    # keeps them off the screen (supervisor/job_output.py) and in the report's launcher log instead.
     with gc_paused(freeze=True):
         from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -218,9 +218,9 @@ def check(
     console, display = displays.for_terminal(plain=plain, show_output=config.show_output)
     guard = contextlib.nullcontext()
     if opts["github"]:  # the report's renderers are imported by the rank that reports, not by every rank
-        from ddpdoctor.supervisor import outputs
+        from ddpdoctor.supervisor import report_files
 
-        guard = outputs.github_command_guard(enabled=True)  # the script cannot inject annotations
+        guard = report_files.github_command_guard(enabled=True)  # the script cannot inject annotations
     with guard:
         try:
             report = run(config, display=display)
@@ -232,9 +232,9 @@ def check(
             display.close()
     if report.role == "peer":  # a non-zero rank of an existing launch: rank 0 reports
         return report.exit_code()
-    from ddpdoctor.supervisor import outputs
+    from ddpdoctor.supervisor import report_files
 
-    outputs.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
+    report_files.write_all(report, console=console, plain=plain, fail_on=opts["fail-on"], json_path=opts["json"],
                       junit=opts["junit"], sarif=opts["sarif"], markdown=opts["markdown"], github=opts["github"],
                       html=opts["html"], trace=opts["trace"])
     # 128+signal even with --exit-zero: the run did not finish; 2: ddpdoctor could not check it
@@ -339,7 +339,7 @@ def report(
     """Render a saved JSON report in the terminal, and in any other format; exit as `check` would."""
     from ddpdoctor.analysis.report import Report
     from ddpdoctor.supervisor import display as displays
-    from ddpdoctor.supervisor import outputs
+    from ddpdoctor.supervisor import report_files
 
     try:
         loaded = Report.from_json(json.loads(path.read_text()))
@@ -347,7 +347,7 @@ def report(
         raise UsageProblem(f"cannot read the report {path}: {exc}") from None
     plain = plain or displays.is_plain()
     console = displays.make_console(plain)
-    outputs.write_all(loaded, console=console, plain=plain, fail_on=fail_on.value, json_path=None,
+    report_files.write_all(loaded, console=console, plain=plain, fail_on=fail_on.value, json_path=None,
                       junit=junit and str(junit), sarif=sarif and str(sarif), markdown=markdown and str(markdown),
                       github=github, html=html and str(html), trace=trace and str(trace))
     return loaded.exit_code(fail_on.value)
@@ -377,7 +377,7 @@ def analyze(
     from rich.text import Text
 
     from ddpdoctor.supervisor import display as displays
-    from ddpdoctor.supervisor import outputs
+    from ddpdoctor.supervisor import report_files
     from ddpdoctor.supervisor.analyze import analyze as analyze_files
 
     try:
@@ -396,7 +396,7 @@ def analyze(
         console.print(Text(f"note: {note}", style="yellow"))
     for ignored in info.get("ignored", []):
         console.print(Text(f"skipped {ignored['path']}: {ignored['why']}", style="dim"))
-    outputs.write_all(result.report, console=console, plain=plain, fail_on=fail_on.value,
+    report_files.write_all(result.report, console=console, plain=plain, fail_on=fail_on.value,
                       json_path=json_path and str(json_path), junit=junit and str(junit), sarif=sarif and str(sarif),
                       markdown=markdown and str(markdown), github=github, html=html and str(html),
                       trace=trace and str(trace))

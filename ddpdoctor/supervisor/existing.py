@@ -23,7 +23,7 @@ from ddpdoctor.supervisor.jobs import SubprocessJob
 from ddpdoctor.supervisor.launch import ExistingLaunch, LaunchPlan
 from ddpdoctor.supervisor.monitor import Monitor, MonitorResult
 from ddpdoctor.supervisor.node import NodeDir, LocalPeer, shared_directory
-from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.job_output import OutputRouter
 from ddpdoctor.supervisor.signals import StopSignals
 from ddpdoctor.supervisor.transport import Collected, FileTransport
 

@@ -14,7 +14,7 @@ from typing import Optional, Protocol
 from ddpdoctor.schema.observations import Heartbeat, RankState, StackDump, StopSnapshot
 from ddpdoctor.supervisor.display import Display
 from ddpdoctor.supervisor.hang import HangDetector, classify
-from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.job_output import OutputRouter
 from ddpdoctor.supervisor.signals import StopSignals
 from ddpdoctor.supervisor.transport import Transport
 

@@ -25,7 +25,7 @@ from ddpdoctor.supervisor.display import Display, NullDisplay
 from ddpdoctor.supervisor.jobs import SubprocessJob
 from ddpdoctor.supervisor.monitor import Monitor, MonitorResult
 from ddpdoctor.supervisor.node import NodeDir
-from ddpdoctor.supervisor.output import OutputRouter
+from ddpdoctor.supervisor.job_output import OutputRouter
 from ddpdoctor.supervisor.signals import StopSignals, exit_code_for, signal_number
 from ddpdoctor.supervisor.transport import Collected, FileTransport, read_json
 

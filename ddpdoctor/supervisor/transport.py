@@ -30,7 +30,7 @@ class Collected:
     failures: list[Failure] = field(default_factory=list)
     output_tails: dict[int, list[str]] = field(default_factory=dict)
     missing_ranks: list[int] = field(default_factory=list)
-    launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines (supervisor/output.py)
+    launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines (supervisor/job_output.py)
 
 
 class Transport(Protocol):
