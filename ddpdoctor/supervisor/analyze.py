@@ -18,7 +18,8 @@ from typing import Callable, Iterable, Iterator, Optional
 from ddpdoctor import __version__
 from ddpdoctor.analysis.evidence import no_cyclic_gc
 from ddpdoctor.analysis.registry import load_checks
-from ddpdoctor.analysis.report import Report, build_report
+from ddpdoctor.analysis.report import Report
+from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import analyze as run_checks
 from ddpdoctor.analysis.runner import select_checks
 from ddpdoctor.analysis.suppression import scan_files

@@ -163,7 +163,7 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
         min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
     from ddpdoctor.analysis.evidence import Evidence, no_cyclic_gc, parse_lines  # the analysis side: rank 0 only
-    from ddpdoctor.analysis.report import build_report
+    from ddpdoctor.analysis.report_builder import build_report
     from ddpdoctor.analysis.runner import analyze
     from ddpdoctor.analysis.suppression import scan_files
 

@@ -10,7 +10,8 @@ from builders import make_evidence
 from rich.console import Console
 
 from ddpdoctor.analysis.bandwidth import bandwidths, bus_factor, collective_benchmark
-from ddpdoctor.analysis.render.benchmark import bar, benchmark_table, format_bytes
+from ddpdoctor.analysis.render.benchmark import bar, benchmark_table
+from ddpdoctor.analysis.render.words import format_bytes
 from ddpdoctor.checks import collective_bandwidth
 from ddpdoctor.schema import events as ev
 

@@ -633,7 +633,7 @@ def test_the_old_mode_name_is_an_alias_everywhere(tmp_path):
 
 
 def test_the_report_says_why_the_simulation_was_off():
-    from ddpdoctor.analysis.report import device_simulation_line
+    from ddpdoctor.analysis.render.words import device_simulation_line
 
     off = {"mode": "auto", "active": False, "simulated": [], "reason": "ACCELERATE_USE_CPU=true (accelerate "
                                                                           "launch --cpu) chose the CPU"}

@@ -6,7 +6,7 @@ import sys
 
 from builders import ddp_wrap, make_evidence, merge, on_all, usage
 
-from ddpdoctor.analysis.report import framework_of
+from ddpdoctor.analysis.report_builder import framework_of
 from ddpdoctor.checks import unused_parameters
 from ddpdoctor.rank.frameworks import framework_of as framework_on_stack
 

@@ -7,7 +7,7 @@ from builders import (SCRIPT, collective, ddp_wrap, distributed_sampler, distrib
                       make_evidence, optimizer, step, stop_snapshot)
 
 from ddpdoctor.analysis.interruption import leave_out_cut_off, summary
-from ddpdoctor.analysis.report import build_report
+from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import analyze
 
 

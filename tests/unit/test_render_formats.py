@@ -19,7 +19,8 @@ from ddpdoctor.analysis.render import github
 from ddpdoctor.analysis.render.junit import render_junit
 from ddpdoctor.analysis.render.markdown import render_markdown
 from ddpdoctor.analysis.render.sarif import FINGERPRINT_KEY, render_sarif
-from ddpdoctor.analysis.report import CheckStatus, Report, build_report, write_json
+from ddpdoctor.analysis.report import CheckStatus, Report, write_json
+from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import analyze
 
 REPO = "/job"  # SCRIPT is /job/train.py

@@ -8,7 +8,8 @@ import pytest
 from builders import SCRIPT, ddp_wrap, init_pg, make_evidence, process_start
 
 from ddpdoctor.analysis.api import CheckResult, Consequence, Finding, Location
-from ddpdoctor.analysis.report import SCHEMA, Report, build_report, write_json
+from ddpdoctor.analysis.report import SCHEMA, Report, write_json
+from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import Analysis, CheckOutcome
 
 TOP_LEVEL = {"schema", "version", "script", "argv", "world_size", "nnodes", "backend", "device", "outcome",

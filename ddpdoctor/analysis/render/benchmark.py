@@ -10,20 +10,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["format_bytes", "bar", "benchmark_table", "render_benchmark"]
+from ddpdoctor.analysis.render.words import format_bytes
+
+__all__ = ["bar", "benchmark_table", "render_benchmark"]
 
 _EIGHTHS = " ▏▎▍▌▋▊▉"
 _PLAIN_BAR = "#"
-
-
-def format_bytes(num_bytes: int) -> str:
-    """8 -> '8 B', 4096 -> '4 KiB', 2**30 -> '1 GiB' (one decimal when not whole)."""
-    value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def bar(value: float, peak: float, *, width: int = 24, plain: bool = False) -> str:

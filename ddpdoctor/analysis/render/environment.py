@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.analysis.render.benchmark import format_bytes
+from ddpdoctor.analysis.render.words import format_bytes, verdict
 from ddpdoctor.analysis.report import Report
 
 __all__ = ["ranks_table", "devices_table", "variables_table", "render_environment"]
@@ -93,7 +93,7 @@ def render_environment(console: Console, report: Report, *, plain: bool) -> None
                            f"{check.id}: {check.summary}"))
     for finding in report.findings:
         terminal.render_finding(console, finding.to_json(), plain=plain)
-    console.print(Text(terminal.verdict(report), style="bold"))
+    console.print(Text(verdict(report), style="bold"))
 
 
 def environment_markdown(report: Optional[Report], system: dict, *, problem: Optional[str] = None) -> str:

@@ -15,8 +15,9 @@ from typing import Optional
 from ddpdoctor.analysis.render import svg
 from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
 from ddpdoctor.analysis.render.source import display_path, snippet, underline
-from ddpdoctor.analysis.render.terminal import consequence_of, duration_text, stop_words, verdict
-from ddpdoctor.analysis.report import Report, device_simulation_line
+from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
+                                             verdict)
+from ddpdoctor.analysis.report import Report
 
 __all__ = ["render_html"]
 

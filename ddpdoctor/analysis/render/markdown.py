@@ -6,8 +6,8 @@ from __future__ import annotations
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.render.source import snippet, underline
-from ddpdoctor.analysis.render.terminal import consequence_of, duration_text, verdict
-from ddpdoctor.analysis.report import Report, device_simulation_line
+from ddpdoctor.analysis.render.words import consequence_of, device_simulation_line, duration_text, verdict
+from ddpdoctor.analysis.report import Report
 
 __all__ = ["render_markdown"]
 

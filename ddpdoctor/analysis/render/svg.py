@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Optional
 
-from ddpdoctor.analysis.render.benchmark import format_bytes
+from ddpdoctor.analysis.render.words import format_bytes
 
 __all__ = ["timeline_svg", "step_time_svg", "bandwidth_svg", "PALETTE", "TimeAxis"]
 

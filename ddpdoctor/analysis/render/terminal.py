@@ -16,7 +16,9 @@ from rich.text import Text
 
 from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
 from ddpdoctor.analysis.render.source import Snippet, display_path, snippet, underline
-from ddpdoctor.analysis.report import Report, device_simulation_line
+from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
+                                             verdict)
+from ddpdoctor.analysis.report import Report
 
 _GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim"),
            "consequence": ("↳", "magenta")}
@@ -235,17 +237,6 @@ def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Op
 render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
 
 
-def consequence_of(check: dict, findings: list[dict]) -> Optional[str]:
-    """The root check whose finding explains this check's finding, if any: the report's own field,
-    else (a report saved by an older version) a passing check listed among a root's consequences."""
-    if check.get("consequence_of"):
-        return check["consequence_of"]
-    if check.get("status") != "pass":
-        return None
-    return next((f["check"] for f in findings for c in f.get("consequences", []) if c.get("check") == check["id"]),
-                None)
-
-
 def _status_and_summary(check: dict) -> tuple[str, str]:
     status = "consequence" if check.get("consequence_of") else check["status"]
     summary = check["summary"] + (f" [incomplete: probe {', '.join(check['incomplete'])} failed]"
@@ -385,34 +376,4 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = "war
     console.print(Text(verdict(report, fail_on), style="bold"))
 
 
-def duration_text(seconds: float, *, post_mortem: bool = False, unit: str = "s") -> str:
-    """The run's wall time. A post-mortem knows none (only what the job's files say): then the
-    time ddpdoctor took to read them, said as such."""
-    return f"post-mortem, its files read in {seconds:.1f}{unit}" if post_mortem else f"{seconds:.1f}{unit}"
-
-
-def stop_words(post_mortem: bool) -> str:
-    """When the ranks' places were taken: ddpdoctor stopped a live job; a post-mortem has the dumps."""
-    return "when its flight recorder dump was written" if post_mortem else "when the job was stopped"
-
-
-def verdict(report: Report, fail_on: str = "warning") -> str:
-    counts = {s: sum(1 for f in report.findings if f.severity == s) for s in ("error", "warning", "info")}
-    tally = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
-    if report.outcome == "interrupted":
-        signal = (report.interruption or {}).get("signal") or "a signal"
-        if (report.interruption or {}).get("during") == "start-up":
-            return f"verdict: INTERRUPTED by {signal} during start-up: nothing was checked"
-        return f"verdict: INTERRUPTED by {signal}: {tally} in what ran before it"
-    if report.unchecked:
-        return f"verdict: NOT CHECKED: ddpdoctor could not check this job: {report.unchecked.get('reason')}"
-    if report.exit_code(fail_on):
-        return f"verdict: NOT OK: {tally}"
-    if counts["error"] or counts["warning"]:
-        return f"verdict: OK at --fail-on {fail_on}: {tally}"
-    suffix = f" ({counts['info']} info)" if counts["info"] else ""
-    return f"verdict: OK: every check passed or had nothing to check{suffix}"
-
-
-__all__ = ["render", "render_finding", "finding_body", "code_block", "verdict", "consequence_of", "duration_text",
-           "stop_words"]
+__all__ = ["render", "render_finding", "finding_body", "code_block"]
