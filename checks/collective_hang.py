@@ -10,7 +10,7 @@ from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure
 from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
-from ddpdoctor.analysis.trace import Mismatch, RankTrace, TraceEntry
+from ddpdoctor.analysis.collective_trace import Mismatch, RankTrace, TraceEntry
 from ddpdoctor.schema.observations import StopSnapshot
 
 from ._common import fmt_ranks, short_site

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddpdoctor.analysis.api import Check, CheckResult, Finding
-from ddpdoctor.analysis.environment import physical_gpu, rank_environments
+from ddpdoctor.analysis.rank_environments import physical_gpu, rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 
 from ._common import fmt_ranks

@@ -17,8 +17,8 @@ from ddpdoctor.analysis.compare import group_by_value
 from ddpdoctor.analysis.decode import DecodedError, decode
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.indices import merge_encoded
-from ddpdoctor.analysis.trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch, subgroup_traces,
-                                      trace_of)
+from ddpdoctor.analysis.collective_trace import (Mismatch, RankTrace, first_mismatch, first_subgroup_mismatch,
+                                                 subgroup_traces, trace_of)
 from ddpdoctor.schema.events import (Collective, ConfigState, DDPRewrap, DDPUsage, DDPWrap, ExceptionEvent, Exit,
                                      InitProcessGroup, InternalCollectives, LoaderPass, OptimizerInfo, ProcessStart,
                                      RunCut, Step, SysExit)

@@ -76,7 +76,7 @@ class Report:
     unused_suppressions: list[dict] = field(default_factory=list)  # [{"file", "line", "checks", "reason"}]
     role: str = "report"  # "peer": a non-zero rank of an existing launch; rank 0 holds the report
     peer_exit_code: int = 0
-    environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/environment.py)
+    environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/rank_environments.py)
     collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
     device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
     # outcome "interrupted": {"signal", "exit_code" (128+N), "rank" (whose ddpdoctor got it; None: the

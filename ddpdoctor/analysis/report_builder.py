@@ -11,7 +11,7 @@ from typing import Optional
 
 from ddpdoctor.analysis import interruption
 from ddpdoctor.analysis.bandwidth import collective_benchmark
-from ddpdoctor.analysis.environment import rank_environments
+from ddpdoctor.analysis.rank_environments import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.render.source import collect_sources
 from ddpdoctor.analysis.report import CheckStatus, Report

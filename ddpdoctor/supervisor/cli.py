@@ -273,7 +273,7 @@ def env(
     variables), from a tiny job run the way `check` runs one, and check that the ranks agree."""
     from rich.console import Console
 
-    from ddpdoctor.analysis.render.environment import render_environment
+    from ddpdoctor.analysis.render.env_command import render_environment
     from ddpdoctor.analysis.report import write_json
     from ddpdoctor.supervisor import display as displays
     from ddpdoctor.supervisor.config import RunConfig, env_job_script
@@ -297,7 +297,7 @@ def env(
         report = run(config, display=display)
     except NoEvidence as exc:
         if markdown:  # what this machine says is still worth pasting
-            from ddpdoctor.analysis.render.environment import environment_markdown
+            from ddpdoctor.analysis.render.env_command import environment_markdown
             from ddpdoctor.supervisor.system import local_system
 
             sys.stdout.write(environment_markdown(None, local_system(), problem=str(exc)))
@@ -306,7 +306,7 @@ def env(
     if report.role == "peer":
         return report.exit_code()
     if markdown:
-        from ddpdoctor.analysis.render.environment import environment_markdown
+        from ddpdoctor.analysis.render.env_command import environment_markdown
         from ddpdoctor.supervisor.system import local_system
 
         if json_path:

@@ -86,7 +86,7 @@ def write_all(report: Report, *, console: Console, plain: bool, fail_on: str, js
 
         _write(html, render_html(report, fail_on=fail_on))
     if trace:
-        from ddpdoctor.analysis.render.trace import render_trace
+        from ddpdoctor.analysis.render.chrome_trace import render_trace
 
         _write(trace, json.dumps(render_trace(report), separators=(",", ":")) + "\n")
     if junit:

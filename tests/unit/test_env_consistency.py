@@ -6,7 +6,7 @@ from builders import init_pg, make_evidence
 
 from ddpdoctor.analysis.api import Finding
 from ddpdoctor.analysis.causality import link
-from ddpdoctor.analysis.environment import physical_gpu, rank_environments
+from ddpdoctor.analysis.rank_environments import physical_gpu, rank_environments
 from ddpdoctor.checks import env_consistency
 from ddpdoctor.rank.probes.environment import driver_from_proc, relevant_variables
 from ddpdoctor.schema import events as ev

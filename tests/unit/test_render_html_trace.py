@@ -11,7 +11,7 @@ from builders import step as step_event
 
 from ddpdoctor.analysis.registry import load_checks
 from ddpdoctor.analysis.render.html import render_html
-from ddpdoctor.analysis.render.trace import render_trace
+from ddpdoctor.analysis.render.chrome_trace import render_trace
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import analyze

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import collective, frame, init_pg, internal, make_evidence, merge, on_all, stop_snapshot
 
-from ddpdoctor.analysis.trace import first_mismatch, rank_trace
+from ddpdoctor.analysis.collective_trace import first_mismatch, rank_trace
 from ddpdoctor.checks import collective_hang
 
 
