@@ -86,4 +86,4 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary=f"buffers identical across ranks at {compared} compared forwards")
 
 
-CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS, order=20, probes=('ddp',))

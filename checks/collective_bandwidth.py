@@ -71,4 +71,4 @@ def analyze(evidence: Evidence) -> CheckResult:
                   "slowest_hosts": hosts})])
 
 
-CHECK = Check(id=ID, title="collectives reach the expected bandwidth", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="collectives reach the expected bandwidth", analyze=analyze, docs=DOCS, order=120)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location, RUN, POSTMORTEM
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure
@@ -476,4 +476,5 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[stall] if stall else [], summary=f"{total} collectives matched across ranks")
 
 
-CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS, order=60, probes=('collectives', 'watchdog', 'flight-recorder', 'flight-recorder-missing'),
+              sources=frozenset({RUN, POSTMORTEM}))

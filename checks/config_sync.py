@@ -336,4 +336,4 @@ def _fix(kinds: set[str]) -> str:
     return " ".join(fixes) or "Make every rank build and configure the model and the optimizer identically."
 
 
-CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS, order=130, probes=('optimizer', 'config'))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, RUN, ENVIRONMENT
 from ddpdoctor.analysis.rank_environments import physical_gpu, rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 
@@ -149,4 +149,5 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary=summary)
 
 
-CHECK = Check(id=ID, title="every rank runs the same environment", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="every rank runs the same environment", analyze=analyze, docs=DOCS, order=110, probes=('environment',),
+              sources=frozenset({RUN, ENVIRONMENT}))

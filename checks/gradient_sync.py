@@ -441,4 +441,4 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[finding], summary=f"replicas diverge at step {div.step} ({fmt_ranks(ranks)}){sampled}")
 
 
-CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS, order=10, probes=('ddp', 'optimizer', 'wrapping'))

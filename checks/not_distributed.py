@@ -130,4 +130,4 @@ def analyze(evidence: Evidence) -> CheckResult:
         evidence={"kind": "no-ddp", "optimizer_steps": len(steps)})])
 
 
-CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS, order=100, probes=('data_parallel',))

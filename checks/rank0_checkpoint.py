@@ -214,4 +214,4 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=findings, summary=("problems: " if bad else "") + summary)
 
 
-CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS, order=80, probes=('collectives', 'checkpoint'))

@@ -6,7 +6,7 @@ from typing import Optional
 
 import re
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding
+from ddpdoctor.analysis.api import Check, CheckResult, Finding, RUN, ENVIRONMENT, POSTMORTEM
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure, is_reduction_error
 
@@ -176,4 +176,5 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[finding], summary=summary)
 
 
-CHECK = Check(id=ID, title="every rank finished", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="every rank finished", analyze=analyze, docs=DOCS, order=90, probes=('flight-recorder-missing',),
+              sources=frozenset({RUN, ENVIRONMENT, POSTMORTEM}))

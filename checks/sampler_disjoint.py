@@ -323,4 +323,4 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=findings, summary=summary + (f" ({fmt_ranks(worst[0].ranks)})" if worst else ""))
 
 
-CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS, order=30, probes=('ddp', 'data', 'content'))

@@ -87,4 +87,4 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=findings, summary=f"set_epoch missing ({fmt_ranks(ranks)})")
 
 
-CHECK = Check(id=ID, title="set_epoch every epoch", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="set_epoch every epoch", analyze=analyze, docs=DOCS, order=40, probes=('data', 'content'))

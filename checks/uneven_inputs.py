@@ -174,4 +174,4 @@ def _counts(counts: dict[int, int]) -> str:
     return ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
 
 
-CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS, order=70, probes=('ddp', 'optimizer', 'data', 'join'))

@@ -139,4 +139,4 @@ def analyze(evidence: Evidence) -> CheckResult:
                                                                    placeholder=" …"))
 
 
-CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS)
+CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS, order=50, probes=('ddp', 'optimizer'))

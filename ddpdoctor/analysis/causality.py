@@ -1,19 +1,21 @@
 """The causality pass: one bug, one finding. A finding another one explains becomes its consequence.
 
-Each rule names a cause (a finding of one check, in some case) and the symptoms it explains. Rules
-are tried in order; a link that would close a cycle is skipped; chains are flattened, so every
-consequence hangs under its root. Consequences never reach the top level or the exit code.
+The engine only: the rules are declared by the checks that are causes (``Check(explains=...)``, see
+:class:`~ddpdoctor.analysis.api.Explains`), in terms of symptom kinds (ddpdoctor.analysis.symptoms).
+Rules are tried lowest priority first; a link that would close a cycle is skipped; chains are
+flattened, so every consequence hangs under its root. Consequences never reach the top level or the
+exit code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Iterable, Optional
 
-from ddpdoctor.analysis.api import Finding
+from ddpdoctor.analysis.api import Explains, Finding
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 
-__all__ = ["Rule", "RULES", "link"]
+__all__ = ["Rule", "rules_of", "installed_rules", "link"]
 
 Predicate = Callable[[Finding], bool]
 
@@ -23,6 +25,20 @@ class Rule:
     name: str
     cause: Predicate
     explains: Callable[[Finding, Finding], bool]  # (candidate symptom, cause) -> explained?
+    priority: int = 1000
+
+
+def rules_of(declared: Iterable[tuple[str, Explains]]) -> tuple[Rule, ...]:
+    """The rules (check id, Explains) pairs declare, lowest priority first: a rule's causes are that
+    check's findings for which its ``cause`` holds."""
+    rules = [Rule(name=e.name, cause=_of_check(check_id, e.cause), explains=e.symptom, priority=e.priority)
+             for check_id, e in declared]
+    rules += _LEGACY_RULES  # TRANSITIONAL: rules of checks whose evidence is not typed yet
+    return tuple(sorted(rules, key=lambda r: r.priority))
+
+
+def _of_check(check_id: str, cause: Predicate) -> Predicate:
+    return lambda finding: finding.check == check_id and cause(finding)
 
 
 def _is(check: str, *, severities: tuple[str, ...] = ("error", "warning"), **evidence) -> Predicate:
@@ -107,7 +123,7 @@ def _follows_config(finding: Finding, cause: Finding) -> bool:
                        or (finding.check == "rank-failure" and bool(finding.evidence.get("reduction_error"))))
 
 
-RULES: tuple[Rule, ...] = (
+_LEGACY_RULES: list[Rule] = [
     # Ranks train with different settings: the divergence that follows is its consequence.
     Rule("settings differ by rank", _is("config-sync", severities=("error",)), _follows_config),
     # Two ranks on one GPU: env-consistency names the ranks and the GPU; NCCL's crash follows.
@@ -150,7 +166,9 @@ RULES: tuple[Rule, ...] = (
          _orphan_of_failed_ranks),
     # Overlapping sampler indices: the overlapping sample content is the same bug, seen again.
     Rule("index overlap seen in content", _index_overlap, _same_overlap_by_content),
-)
+]
+for _priority, _rule in enumerate(_LEGACY_RULES, start=1):
+    _LEGACY_RULES[_priority - 1] = replace(_rule, priority=_priority * 10)
 
 
 def _root(links: dict[int, int], index: int) -> int:
@@ -163,8 +181,18 @@ def _root(links: dict[int, int], index: int) -> int:
     return index
 
 
-def link(findings: list[Finding], rules: tuple[Rule, ...] = RULES) -> list[Finding]:
-    """Top-level findings with their consequences attached; order of the roots is kept."""
+def installed_rules() -> tuple[Rule, ...]:
+    """The rules every loadable check declares (built-ins and plugins)."""
+    from ddpdoctor.analysis.registry import load_checks
+
+    return rules_of((c.id, e) for c in load_checks() if c.check is not None for e in c.check.explains)
+
+
+def link(findings: list[Finding], rules: Optional[tuple[Rule, ...]] = None) -> list[Finding]:
+    """Top-level findings with their consequences attached; order of the roots is kept. ``rules``:
+    those of the installed checks unless given."""
+    if rules is None:
+        rules = installed_rules()
     links: dict[int, int] = {}  # symptom index -> cause index
     for rule in rules:
         for i, cause in enumerate(findings):

@@ -57,7 +57,7 @@ def load_checks(*, builtins: bool = True) -> list[LoadedCheck]:
                                       error=f"duplicate check id {ep.name!r}: {owner} already provides it")
         elif ep.name not in loaded and (builtins or not is_builtin(ep)):  # the same check installed twice is one
             loaded[ep.name] = _load(ep)
-    return [loaded[k] for k in sorted(loaded, key=_builtin_order)]
+    return sorted(loaded.values(), key=_order)
 
 
 def _load(ep: EntryPoint) -> LoadedCheck:
@@ -78,15 +78,9 @@ def _load(ep: EntryPoint) -> LoadedCheck:
     return LoadedCheck(id=ep.name, check=check)
 
 
-_BUILTIN_ORDER = [
-    "gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
-    "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed",
-    "env-consistency", "collective-bandwidth", "config-sync", "optimizer-params",
-]
-
-
-def _builtin_order(check_id: str) -> tuple[int, str]:
-    return (_BUILTIN_ORDER.index(check_id) if check_id in _BUILTIN_ORDER else len(_BUILTIN_ORDER), check_id)
+def _order(loaded: LoadedCheck) -> tuple[int, str]:
+    """Each check's declared order (built-ins first), then its id; a broken plugin's at the end."""
+    return (loaded.check.order if loaded.check is not None else 10**6, loaded.id)
 
 
 def find_check(check_id: str) -> Optional[LoadedCheck]:

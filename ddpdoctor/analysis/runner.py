@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from ddpdoctor.analysis import causality, interruption, suppression
 from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_of
@@ -43,17 +43,19 @@ class Analysis:
 
 def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
             suppressions: Optional[list[suppression.Suppression]] = None) -> Analysis:
-    probe_errors = _probe_errors(evidence)
+    checks = checks if checks is not None else load_checks()
+    probe_errors = _probe_errors(evidence, {c.id: c.check.probes for c in checks if c.check is not None})
     unchecked = _unchecked(probe_errors)
     if unchecked is not None:
-        return _not_checked(checks if checks is not None else load_checks(), probe_errors, unchecked)
+        return _not_checked(checks, probe_errors, unchecked)
     left_out = None
     if evidence.outcome == "interrupted":  # before any fact is derived: no check sees the cut-off counts
         left_out = interruption.leave_out_cut_off(evidence)
         evidence.__dict__.pop("facts", None)
-    outcomes = [_run_one(loaded, evidence) for loaded in (checks if checks is not None else load_checks())]
+    outcomes = [_run_one(loaded, evidence) for loaded in checks]
     raw = [f for o in outcomes for f in o.result.findings]
-    roots, suppressed, unused = suppression.apply(causality.link(raw), suppressions or [])
+    rules = causality.rules_of((c.id, e) for c in checks if c.check is not None for e in c.check.explains)
+    roots, suppressed, unused = suppression.apply(causality.link(raw, rules), suppressions or [])
     reasons = {f.check: s.reason for f, s in suppressed}
     explained_by = {c.check: r.check for r in roots for c in r.consequences}
     for outcome in outcomes:
@@ -130,7 +132,7 @@ def _crashed(check_id: str, title: str, error: str) -> CheckOutcome:
     return CheckOutcome(id=check_id, title=title, result=result, error=error.strip().splitlines()[-1])
 
 
-def _probe_errors(evidence: Evidence) -> list[dict]:
+def _probe_errors(evidence: Evidence, declared: Mapping[str, tuple[str, ...]]) -> list[dict]:
     """Probe failures, one entry per probe and error, with the ranks that saw it."""
     merged: dict[tuple[str, str, str], dict] = {}
     events = [*evidence.events(ProbeError), *((None, e) for e in evidence.unranked if isinstance(e, ProbeError))]
@@ -138,7 +140,7 @@ def _probe_errors(evidence: Evidence) -> list[dict]:
         key = (event.probe, event.target or "", event.error)
         entry = merged.setdefault(key, {"probe": event.probe, "target": event.target, "error": event.error,
                                         "phase": event.phase, "ranks": [],
-                                        "checks": list(checks_affected(event.probe))})
+                                        "checks": list(checks_affected(event.probe, declared))})
         if rank is not None and rank not in entry["ranks"]:
             entry["ranks"].append(rank)
     return list(merged.values())

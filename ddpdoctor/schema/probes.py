@@ -1,30 +1,21 @@
-"""Names of the in-rank probes and the checks that rely on each, so a probe that failed makes the
-report say which checks it left incomplete. A third-party check's probe is named by the check's id."""
+"""Which checks a failed probe leaves incomplete, so the report says so: every check for a universal
+probe, else the checks that declare they read it (``Check(probes=...)``). A third-party check's probe
+is named by the check's id."""
 
 from __future__ import annotations
 
+from typing import Iterable, Mapping
+
 ALL_CHECKS = "*"
 
-PROBE_CHECKS: dict[str, tuple[str, ...]] = {
-    "lifecycle": (ALL_CHECKS,),
-    "ddp": ("gradient-sync", "buffer-sync", "unused-parameters", "uneven-inputs", "sampler-disjoint"),
-    "optimizer": ("gradient-sync", "unused-parameters", "uneven-inputs", "config-sync", "optimizer-params"),
-    "collectives": ("collective-hang", "rank0-checkpoint"),
-    "data": ("sampler-disjoint", "set-epoch", "uneven-inputs"),
-    "join": ("uneven-inputs",),
-    "spawn": (ALL_CHECKS,),
-    "checkpoint": ("rank0-checkpoint",),
-    "watchdog": ("collective-hang",),
-    "environment": ("env-consistency",),
-    "device": (ALL_CHECKS,),  # a GPU script that is not simulated cannot run on a CPU-only machine at all
-    "content": ("sampler-disjoint", "set-epoch"),
-    "config": ("config-sync", "optimizer-params"),
-    "wrapping": ("gradient-sync",),
-    "data_parallel": ("not-distributed",),
-    "flight-recorder": ("collective-hang",),  # `ddpdoctor analyze`: what a dump could not show (a full ring buffer)
-    "flight-recorder-missing": ("collective-hang", "rank-failure"),  # `ddpdoctor analyze`: a rank left no dump
-    "flight-recorder-dump": (),  # `check --keep-evidence` writing the ranks' dumps: no check relies on them
-}
+# Built-in probes every check relies on: a failure of one leaves every check incomplete. The other
+# probes are named by the checks that read their evidence (``Check(probes=...)``); a plugin's probe is
+# recorded under its check's id.
+UNIVERSAL_PROBES = frozenset({
+    "lifecycle",
+    "spawn",
+    "device",  # a GPU script that is not simulated cannot run on a CPU-only machine at all
+})
 
 
 # Probes whose failure to install leaves the job unchecked: every other probe hangs on them, so the
@@ -37,7 +28,17 @@ def not_checked_by(probe: str, phase: str) -> bool:
     return probe in ESSENTIAL_PROBES and phase == "install"
 
 
-def checks_affected(probe: str) -> tuple[str, ...]:
-    """The check ids a failure of ``probe`` leaves incomplete ("*": every check). A probe not in
-    the table is a plugin's, recorded under its check's id: only that check is left incomplete."""
-    return PROBE_CHECKS.get(probe, (probe,))
+def checks_affected(probe: str, declared: Mapping[str, Iterable[str]]) -> tuple[str, ...]:
+    """The check ids a failure of ``probe`` leaves incomplete ("*": every check), from what each check
+    declares it reads (check id -> its probes). A probe no check declares is a plugin's, recorded under
+    its check's id: only that check is left incomplete."""
+    if probe in UNIVERSAL_PROBES:
+        return (ALL_CHECKS,)
+    readers = tuple(check_id for check_id, probes in declared.items() if probe in probes)
+    if readers or any(probe in probes for probes in declared.values()):
+        return readers
+    return () if probe in _NO_CHECK_READS else (probe,)
+
+
+# Probes that record evidence no check reads (`check --keep-evidence` writing the ranks' flight recorder dumps).
+_NO_CHECK_READS = frozenset({"flight-recorder-dump"})

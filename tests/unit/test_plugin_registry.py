@@ -131,9 +131,17 @@ def test_plugins_only_skips_importing_the_builtins_but_keeps_their_ids(installed
 
 
 def test_a_plugin_probe_failure_leaves_only_its_own_check_incomplete():
-    assert checks_affected("acme-thing") == ("acme-thing",)
-    assert checks_affected("lifecycle") == (ALL_CHECKS,)
-    assert checks_affected("data") == ("sampler-disjoint", "set-epoch", "uneven-inputs")
+    declared = {c.id: c.check.probes for c in registry.load_checks() if c.check is not None}
+    assert checks_affected("acme-thing", declared) == ("acme-thing",)
+    assert checks_affected("lifecycle", declared) == (ALL_CHECKS,)
+    assert checks_affected("data", declared) == ("sampler-disjoint", "set-epoch", "uneven-inputs")
+    assert checks_affected("flight-recorder-dump", declared) == ()
+
+
+def test_the_built_in_order_is_each_checks_declared_order():
+    loaded = [c for c in registry.load_checks() if c.check is not None]
+    assert [c.check.order for c in loaded] == sorted(c.check.order for c in loaded)
+    assert loaded[0].id == "gradient-sync" and len({c.check.order for c in loaded}) == len(loaded)
 
 
 @dataclass(kw_only=True, slots=True)
