@@ -74,14 +74,6 @@ def _describe(entry: Optional[TraceEntry]) -> str:
     return f"{entry.describe()} at {short_site(Location.from_site(entry.site))}"
 
 
-# What a library's collectives from one line are, in words.
-PHASE_WORDS = {
-    "ddp-forward": "collectives (DDP's buffer broadcast)",
-    "ddp-backward": "collectives (DDP's gradient all-reduce)",
-    "ddp-init": "collectives (the broadcast of the parameters)",
-}
-
-
 def _verb(entry: TraceEntry) -> str:
     return "issued" if entry.internal else "called"
 

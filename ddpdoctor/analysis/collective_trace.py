@@ -118,13 +118,6 @@ def _matches(a: TraceEntry, b: TraceEntry) -> bool:
     return a.grad is None or b.grad is None or a.grad == b.grad
 
 
-def _key(entry: TraceEntry) -> tuple:
-    """Equal keys at equal numbers mean the same collective (the converse needs :func:`_matches`)."""
-    if entry.internal:
-        return (entry.phase, entry.grad, entry.op)
-    return call_signature(entry.event)  # type: ignore[arg-type]
-
-
 @dataclass
 class RankTrace:
     """A rank's numbered world-group collectives (in order) and how far its numbering went."""
@@ -136,9 +129,9 @@ class RankTrace:
 
     @functools.cached_property
     def keys(self) -> tuple:
-        """(n, key) of every entry: equal for two ranks that issued the same collectives. Computed
-        from the events directly (what :func:`_key` says), a call's signature once per distinct
-        op and tensor list: a thousand ranks hold millions of entries."""
+        """(n, key) of every entry: equal for two ranks that issued the same collectives (the converse
+        needs :func:`_matches`). The key: a library run's phase, gradient and op; a call's signature,
+        computed once per distinct op and tensor list: a thousand ranks hold millions of entries."""
         signatures: dict[tuple, tuple] = {}
         out = []
         for entry in self.entries:

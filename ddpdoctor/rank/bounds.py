@@ -8,8 +8,6 @@ while its `finally` blocks and context managers still run; the bootstrap turns i
 
 from __future__ import annotations
 
-from typing import Optional
-
 from ddpdoctor.rank.recorder import Recorder
 
 
@@ -32,7 +30,3 @@ def before_pass(rec: Recorder, training_passes_done: int) -> None:
     """Called when a loader that already fed training starts another pass."""
     if rec.max_epochs is not None and training_passes_done >= rec.max_epochs:
         raise RunCut("max-epochs", training_passes_done)
-
-
-def is_cut(exc: Optional[BaseException]) -> bool:
-    return isinstance(exc, RunCut)

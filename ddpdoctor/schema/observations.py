@@ -136,9 +136,6 @@ class StopSnapshot:
                    t=float(data.get("t") or 0.0), signal_rank=data.get("signal_rank"),
                    ranks={int(r): RankState.from_json(s) for r, s in (data.get("ranks") or {}).items()})
 
-    def in_state(self, state: str) -> list[int]:
-        return sorted(r for r, s in self.ranks.items() if s.state == state)
-
 
 @dataclass(kw_only=True, slots=True)
 class Failure:

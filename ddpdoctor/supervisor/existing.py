@@ -13,7 +13,6 @@ still has its exit code and its evidence reported) and plays one of three parts:
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from typing import Optional
@@ -25,7 +24,7 @@ from ddpdoctor.supervisor.monitor import Monitor, MonitorResult
 from ddpdoctor.supervisor.node import NodeDir, LocalPeer, shared_directory
 from ddpdoctor.supervisor.job_output import OutputRouter
 from ddpdoctor.supervisor.signals import StopSignals
-from ddpdoctor.supervisor.transport import Collected, FileTransport
+from ddpdoctor.supervisor.transport import Collected
 
 __all__ = ["Node", "RankRun", "evidence_directory", "run_rank"]
 

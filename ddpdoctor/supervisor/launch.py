@@ -87,11 +87,6 @@ def existing_launch(env: Mapping[str, str] = os.environ) -> Optional[ExistingLau
                           exported=step.variables(), num_nodes=len(step.nodes) or None)
 
 
-def inside_existing_launch(env: Mapping[str, str] = os.environ) -> bool:
-    """Under a launcher that already made this process a rank (and not inside a job we launched)."""
-    return existing_launch(env) is not None
-
-
 @dataclass
 class LaunchPlan:
     mode: str  # "torchrun" | "spawn" | "existing-launch"

@@ -141,7 +141,7 @@ def _preload_analysis() -> None:
     torch and a core is idle, instead of after the job, where they add to the time to the verdict."""
     try:
         import ddpdoctor.analysis.evidence
-        import ddpdoctor.analysis.report
+        import ddpdoctor.analysis.report_builder
         import ddpdoctor.analysis.runner
         import ddpdoctor.analysis.suppression  # noqa: F401
         from ddpdoctor.analysis.registry import load_checks

@@ -36,8 +36,6 @@ from ddpdoctor.rank.devicesim.streams import stream_classes
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 
-DEVICE_NAME = properties.NAME  # kept for callers of the old names
-TOTAL_MEMORY = properties.TOTAL_MEMORY
 
 # Modules whose public functions are simulated or guarded. Submodules re-export into torch.cuda
 # (torch.cuda.memory_allocated is torch.cuda.memory.memory_allocated): a stand-in replaces one
