@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, ClassVar, Iterator, Mapping, Optional, Union
 
-__all__ = ["Severity", "Location", "FieldInfo", "evidence_field", "EvidenceRecord", "RawEvidence", "as_evidence",
-           "Consequence", "Finding", "register_evidence", "evidence_type"]
+__all__ = ["Severity", "DEFAULT_FAIL_ON", "Location", "FieldInfo", "evidence_field", "EvidenceRecord", "RawEvidence",
+           "as_evidence", "Consequence", "Finding", "register_evidence", "evidence_type"]
 
 
 class Severity(str, Enum):
@@ -49,6 +49,10 @@ class Severity(str, Enum):
 
 
 _SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
+
+# The lowest severity that fails a run unless `--fail-on` says otherwise. Declared here, on the analysis
+# side, so the verdicts and renderers default to it too; the option (supervisor/options.py) takes it.
+DEFAULT_FAIL_ON = Severity.WARNING
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from importlib.util import find_spec
-from typing import Optional
+from typing import Any, Optional
 
-from ddpdoctor.schema.settings import device_mode
-
-LAUNCH_MODES = ("auto", "torchrun", "spawn")
+from ddpdoctor.supervisor import options as opts
 
 
 def reference_script() -> str:
@@ -43,46 +41,42 @@ def validate_script(script: str) -> str:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything ``ddpdoctor check`` was asked to do. ``script=None`` runs the reference job."""
+    """Everything ``ddpdoctor check`` was asked to do. ``script=None`` runs the reference job.
+
+    A field that an option sets takes the option's name and default from
+    :mod:`ddpdoctor.supervisor.options`, and its validation (tests/unit/test_options.py checks both)."""
 
     script: Optional[str] = None
     script_args: tuple[str, ...] = ()
-    nproc_per_node: int = 2
-    nnodes: int = 1
-    hang_timeout_s: Optional[float] = None  # None: adaptive, max(30 s, 10x the slowest step)
-    timeout_s: Optional[float] = None
-    launch: str = "auto"
-    fingerprint_every: int = 0  # 0: automatic (ddpdoctor.schema.sampling)
-    max_steps: Optional[int] = None  # stop the script cleanly after this many optimizer steps
-    max_epochs: Optional[int] = None  # ... or after this many passes over its training loader
-    select: tuple[str, ...] = ()  # check ids to run (empty: all)
-    ignore: tuple[str, ...] = ()  # check ids not to run
-    show_output: bool = True
-    keep_evidence: Optional[str] = None
+    nproc_per_node: int = opts.NPROC_PER_NODE.default
+    nnodes: int = opts.NNODES.default
+    hang_timeout_s: Optional[float] = opts.HANG_TIMEOUT.default  # None: adaptive (supervisor/hang.py)
+    timeout_s: Optional[float] = opts.TIMEOUT.default
+    launch: str = opts.LAUNCH.default
+    fingerprint_every: int = opts.FINGERPRINT_EVERY.default  # 0: automatic (ddpdoctor.schema.sampling)
+    max_steps: Optional[int] = opts.MAX_STEPS.default  # stop the script cleanly after this many optimizer steps
+    max_epochs: Optional[int] = opts.MAX_EPOCHS.default  # ... or after this many passes over its training loader
+    select: tuple[str, ...] = opts.SELECT.default  # check ids to run (empty: all)
+    ignore: tuple[str, ...] = opts.IGNORE.default  # check ids not to run
+    show_output: bool = not opts.QUIET.default
+    keep_evidence: Optional[str] = opts.KEEP_EVIDENCE.default
     extra_env: dict = field(default_factory=dict)
-    min_busbw_gbps: Optional[float] = None  # --min-busbw: the reference job's collectives must reach this (GB/s)
-    device: str = "auto"  # simulate CUDA/NCCL on CPU: auto, simulate (alias cpu: always), native; see device_mode
+    min_busbw_gbps: Optional[float] = opts.MIN_BUSBW.default  # the reference job's collectives must reach this
+    device: str = opts.DEVICE.default  # simulate CUDA/NCCL on CPU: auto, simulate (alias cpu: always), native
     # How the launch mode was chosen, when not from the options alone (a spawn guess corrected to torchrun).
     launch_note: str = ""
 
     def __post_init__(self) -> None:
-        if self.nproc_per_node < 1:
-            raise ValueError("--nproc-per-node must be at least 1")
-        if self.nnodes < 1:
-            raise ValueError("--nnodes must be at least 1")
-        for name, value in (("--hang-timeout", self.hang_timeout_s), ("--timeout", self.timeout_s)):
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be a positive number of seconds")
-        if self.min_busbw_gbps is not None and self.min_busbw_gbps <= 0:
-            raise ValueError("--min-busbw must be a positive bandwidth in GB/s")
-        if self.fingerprint_every < 0:
-            raise ValueError("--fingerprint-every must be 0 (automatic) or a positive number of steps")
-        if self.launch not in LAUNCH_MODES:
-            raise ValueError(f"--launch must be one of {', '.join(LAUNCH_MODES)}")
-        object.__setattr__(self, "device", device_mode(self.device))  # "cpu" -> "simulate"
-        for name, value in (("--max-steps", self.max_steps), ("--max-epochs", self.max_epochs)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1")
+        for option in opts.RUN_FIELDS:  # each raises ValueError naming its flag; "cpu" -> "simulate"
+            object.__setattr__(self, option.name, option.check(getattr(self, option.name)))
+
+    @classmethod
+    def from_options(cls, values: dict[str, Any], **fields: Any) -> "RunConfig":
+        """A run from resolved option values (:func:`ddpdoctor.supervisor.options.resolve`), plus ``fields``."""
+        run = {o.name: values[o.name] for o in opts.RUN_FIELDS if o.name in values}
+        if "quiet" in values:
+            run["show_output"] = not values["quiet"]
+        return cls(**run, **fields)
 
     @property
     def is_reference(self) -> bool:

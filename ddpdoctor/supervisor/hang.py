@@ -2,7 +2,8 @@
 
 The default threshold adapts to the job: max(30 s, 10x the slowest optimizer step seen so far), so a
 slow model is not called hung while a stuck collective is reported long before gloo's or NCCL's own
-10-30 minute timeouts. ``--hang-timeout`` fixes it instead.
+10-30 minute timeouts. ``--hang-timeout`` fixes it instead. The option, with these numbers, is
+declared in :mod:`ddpdoctor.supervisor.options`.
 
 A stalled rank is classified from its main thread's Python stack: *waiting* in communication (a
 collective, DDP's gradient all-reduce or its broadcasts), *busy* in library code that is not
@@ -17,9 +18,8 @@ from typing import Optional
 
 from ddpdoctor.schema import rank_state
 from ddpdoctor.schema.observations import Heartbeat
-
-MIN_ADAPTIVE_S = 30.0
-STEP_FACTOR = 10.0
+from ddpdoctor.supervisor.options import ADAPTIVE_HANG_MIN_S as MIN_ADAPTIVE_S
+from ddpdoctor.supervisor.options import ADAPTIVE_HANG_STEP_FACTOR as STEP_FACTOR
 
 
 @dataclass
@@ -35,12 +35,12 @@ class _RankProgress:
 class HangDetector:
     """Tracks heartbeat progress per rank on the monitor's own clock."""
 
-    fixed_timeout_s: Optional[float] = None
+    hang_timeout_s: Optional[float] = None  # --hang-timeout; None: adaptive
     ranks: dict[int, _RankProgress] = field(default_factory=dict)
 
     def threshold_s(self) -> float:
-        if self.fixed_timeout_s is not None:
-            return self.fixed_timeout_s
+        if self.hang_timeout_s is not None:
+            return self.hang_timeout_s
         slowest = max((r.slowest_step_s for r in self.ranks.values()), default=0.0)
         return max(MIN_ADAPTIVE_S, STEP_FACTOR * slowest)
 

@@ -42,7 +42,7 @@ class Monitor:
         self.transport = transport
         self.display = display
         self.router = router
-        self.detector = HangDetector(fixed_timeout_s=hang_timeout_s)
+        self.detector = HangDetector(hang_timeout_s=hang_timeout_s)
         self.timeout_s = timeout_s
         self.world_size = world_size
         self.detect_hangs = detect_hangs

@@ -8,13 +8,16 @@
     ignore = ["set-epoch"]
     junit = "reports/ddpdoctor.xml"
 
-Keys are the long option names of `ddpdoctor check`; an unknown key or a value of the wrong type
-is a usage error.
+Keys are the long option names of `ddpdoctor check` (every option declared with a config key in
+:mod:`ddpdoctor.supervisor.options`, ``keep-evidence`` included); an unknown key or a value of the
+wrong type is a usage error. Paths are relative to the file.
 """
 
 from __future__ import annotations
 
+import enum
 import os
+from pathlib import Path
 from typing import Any, Optional
 
 try:
@@ -22,15 +25,16 @@ try:
 except ImportError:  # Python 3.10
     import tomli as tomllib
 
-# key -> the Python types it accepts
-KEYS: dict[str, tuple[type, ...]] = {
-    "nproc-per-node": (int,), "nnodes": (int,), "hang-timeout": (int, float), "timeout": (int, float),
-    "fail-on": (str,), "exit-zero": (bool,), "launch": (str,), "fingerprint-every": (int,),
-    "max-steps": (int,), "max-epochs": (int,), "select": (list,), "ignore": (list,), "json": (str,),
-    "junit": (str,), "sarif": (str,), "markdown": (str,), "github": (bool,), "quiet": (bool,),
-    "plain": (bool,), "device": (str,), "min-busbw": (int, float), "html": (str,), "trace": (str,),
-}
-PATH_KEYS = ("json", "junit", "sarif", "markdown", "html", "trace")
+from ddpdoctor.supervisor.options import CONFIG, Option
+
+
+def accepted_types(option: Option) -> tuple[type, ...]:
+    """The TOML value types ``option`` takes: a float option takes an integer too; a path or a choice, a string."""
+    if option.type is float:
+        return (int, float)
+    if option.type is Path or isinstance(option.type, type) and issubclass(option.type, enum.Enum):
+        return (str,)
+    return (option.type,)
 
 
 def find_pyproject(start: str) -> Optional[str]:
@@ -59,15 +63,18 @@ def load(start: str) -> tuple[Optional[str], dict[str, Any]]:
     settings: dict[str, Any] = {}
     for raw_key, value in table.items():
         key = raw_key.replace("_", "-")
-        if key not in KEYS:
-            raise ValueError(f"{path}: unknown key {raw_key!r} in [tool.ddpdoctor]; known: {', '.join(sorted(KEYS))}")
-        types = KEYS[key]
+        option = CONFIG.get(key)
+        if option is None:
+            raise ValueError(f"{path}: unknown key {raw_key!r} in [tool.ddpdoctor]; known: {', '.join(sorted(CONFIG))}")
+        types = accepted_types(option)
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             expected = " or ".join(t.__name__ for t in types)
             raise ValueError(f"{path}: [tool.ddpdoctor] {raw_key} must be a {expected}, not {value!r}")
-        if key in ("select", "ignore") and not all(isinstance(v, str) for v in value):
-            raise ValueError(f"{path}: [tool.ddpdoctor] {raw_key} must be a list of check ids")
-        if key in PATH_KEYS:
+        if option.type is Path:
             value = os.path.join(os.path.dirname(path), value)
+        try:
+            option.check(value, label=raw_key)  # the value stays as written (an alias too); the command resolves it
+        except ValueError as exc:
+            raise ValueError(f"{path}: [tool.ddpdoctor] {exc}") from None
         settings[key] = value
     return path, settings

@@ -1,6 +1,11 @@
 """Where a finished report goes: the terminal, and any combination of JSON, JUnit, SARIF, Markdown,
 HTML, a Chrome trace and GitHub Actions annotations with a step summary; torchrun's own log lines go
-to a log file the report names."""
+to a log file the report names.
+
+:data:`RENDERERS` is the one table of report files: each row's flag, help and writer. The commands'
+``--json``, ``--html``... options are declared from it (:mod:`ddpdoctor.supervisor.options`), and
+:func:`write_all` writes from it.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,15 @@ import json
 import os
 import tempfile
 import time
-from typing import Iterator, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
 
-from rich.console import Console
+from ddpdoctor.schema.findings import Severity
 
-from ddpdoctor.analysis.render import terminal
-from ddpdoctor.analysis.report import Report, write_json
+if TYPE_CHECKING:  # the renderers load only when a report is written (this table also declares the CLI flags)
+    from rich.console import Console
+
+    from ddpdoctor.analysis.report import Report
 
 
 def repo_root(start: Optional[str] = None) -> str:
@@ -74,39 +82,87 @@ def write_launcher_log(report: Report) -> None:
     report.launcher_log_path = path
 
 
-def write_all(report: Report, *, console: Console, plain: bool, fail_on: str, json_path: Optional[str],
-              junit: Optional[str], sarif: Optional[str], markdown: Optional[str], github: bool,
-              html: Optional[str] = None, trace: Optional[str] = None) -> None:
-    root = repo_root()
+def _json(report: Report, path: str, fail_on: Severity) -> None:
+    from ddpdoctor.analysis.report import write_json
+
+    write_json(report, path)
+
+
+def _html(report: Report, path: str, fail_on: Severity) -> None:
+    from ddpdoctor.analysis.render.html import render_html
+
+    _write(path, render_html(report, fail_on=fail_on))
+
+
+def _trace(report: Report, path: str, fail_on: Severity) -> None:
+    from ddpdoctor.analysis.render.chrome_trace import render_trace
+
+    _write(path, json.dumps(render_trace(report), separators=(",", ":")) + "\n")
+
+
+def _junit(report: Report, path: str, fail_on: Severity) -> None:
+    from ddpdoctor.analysis.render.junit import render_junit
+
+    _write(path, render_junit(report, fail_on=fail_on))
+
+
+def _sarif(report: Report, path: str, fail_on: Severity) -> None:
+    from ddpdoctor.analysis.render.sarif import render_sarif
+
+    _write(path, json.dumps(render_sarif(report, repo_root=repo_root()), indent=2) + "\n")
+
+
+def _markdown(report: Report, path: str, fail_on: Severity) -> None:
+    from ddpdoctor.analysis.render.markdown import render_markdown
+
+    _write(path, render_markdown(report, fail_on=fail_on))
+
+
+@dataclass(frozen=True)
+class Renderer:
+    """One report file: the option that asks for it (``--<name> PATH``), its help, and its writer."""
+
+    name: str
+    help: str
+    write: Callable[["Report", str, Severity], None]
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+
+# In writing order: the JSON first, so nothing a later renderer does can lose it.
+RENDERERS: tuple[Renderer, ...] = (
+    Renderer("json", "Write the machine-readable report here.", _json),
+    Renderer("html", "Write the report as one self-contained HTML page (timeline, step times, code; opens offline).",
+             _html),
+    Renderer("trace", "Write a Chrome trace (Perfetto, chrome://tracing): one track per rank.", _trace),
+    Renderer("junit", "Write JUnit XML here (one testcase per check).", _junit),
+    Renderer("sarif", "Write SARIF 2.1.0 here (code scanning).", _sarif),
+    Renderer("markdown", "Write a Markdown summary here.", _markdown),
+)
+GITHUB_HELP = "GitHub Actions: annotations, and a summary in $GITHUB_STEP_SUMMARY."
+
+
+def write_all(report: Report, *, console: Console, plain: bool, fail_on: Severity, files: Mapping[str, Optional[str]],
+              github: bool) -> None:
+    """Every file ``files`` asks for (renderer name -> path; None or absent: not written), then the
+    terminal, then GitHub's annotations and step summary when ``github``."""
+    from ddpdoctor.analysis.render import terminal
+
+    unknown = set(files) - {r.name for r in RENDERERS}
+    assert not unknown, f"no renderer for {sorted(unknown)}"
     write_launcher_log(report)
-    if json_path:  # the files first: nothing the terminal does can lose them
-        write_json(report, json_path)
-    if html:
-        from ddpdoctor.analysis.render.html import render_html
-
-        _write(html, render_html(report, fail_on=fail_on))
-    if trace:
-        from ddpdoctor.analysis.render.chrome_trace import render_trace
-
-        _write(trace, json.dumps(render_trace(report), separators=(",", ":")) + "\n")
-    if junit:
-        from ddpdoctor.analysis.render.junit import render_junit
-
-        _write(junit, render_junit(report, fail_on=fail_on))
-    if sarif:
-        from ddpdoctor.analysis.render.sarif import render_sarif
-
-        _write(sarif, json.dumps(render_sarif(report, repo_root=root), indent=2) + "\n")
-    if markdown:
-        from ddpdoctor.analysis.render.markdown import render_markdown
-
-        _write(markdown, render_markdown(report, fail_on=fail_on))
+    for renderer in RENDERERS:  # the files first: nothing the terminal does can lose them
+        path = files.get(renderer.name)
+        if path:
+            renderer.write(report, str(path), fail_on)
     terminal.render(console, report, plain=plain, fail_on=fail_on)
     if github:
         from ddpdoctor.analysis.render import github as github_format
         from ddpdoctor.analysis.render.markdown import render_markdown
 
-        for line in github_format.annotations(report, repo_root=root):
+        for line in github_format.annotations(report, repo_root=repo_root()):
             print(line, flush=True)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:

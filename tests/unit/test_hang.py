@@ -41,7 +41,7 @@ def test_slowest_step_of_any_rank_counts():
 
 
 def test_fixed_threshold_overrides_the_adaptive_one():
-    d = HangDetector(fixed_timeout_s=5.0)
+    d = HangDetector(hang_timeout_s=5.0)
     d.observe(0.0, 0, 1, 1)
     d.observe(100.0, 0, 2, 2)  # a 100 s step would give 1000 s adaptively
     assert d.threshold_s() == 5.0
