@@ -18,6 +18,7 @@ from ddpdoctor.analysis.render.source import display_path, snippet, underline
 from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
                                              verdict)
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
 
 __all__ = ["render_html"]
 
@@ -231,7 +232,7 @@ def _timeline_section(timeline: Optional[dict], *, post_mortem: bool = False) ->
     return "".join(parts)
 
 
-def render_html(report: Report, *, fail_on: str = "warning") -> str:
+def render_html(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
     data = report.to_json()
     sources = data.get("sources") or {}
     bad = report.exit_code(fail_on) != 0

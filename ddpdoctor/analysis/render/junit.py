@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
 
 __all__ = ["render_junit"]
 
@@ -56,7 +57,7 @@ def _system_out(findings: list[Finding]) -> str:
     return "\n".join(lines)
 
 
-def render_junit(report: Report, *, fail_on: str = "warning") -> str:
+def render_junit(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
     """A ``<testsuites>`` document with one ``<testsuite name="ddpdoctor">``; the run's facts
     (world size, backend, versions...) as its properties, consequences and evidence in system-out."""
     threshold = SEVERITY_ORDER[fail_on]

@@ -8,6 +8,7 @@ from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.render.source import snippet, underline
 from ddpdoctor.analysis.render.words import consequence_of, device_simulation_line, duration_text, verdict
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
 
 __all__ = ["render_markdown"]
 
@@ -67,7 +68,7 @@ def _finding(finding: Finding, sources: dict) -> list[str]:
     return lines + [""]
 
 
-def render_markdown(report: Report, *, fail_on: str = "warning") -> str:
+def render_markdown(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
     nodes = f"{report.nnodes} node{'s' if report.nnodes != 1 else ''}"
     icon = "❌" if report.exit_code(fail_on) else "✅"
     lines = [f"## {icon} ddpdoctor {verdict(report, fail_on)}", "",

@@ -19,6 +19,7 @@ from ddpdoctor.analysis.render.source import Snippet, display_path, snippet, und
 from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
                                              verdict)
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
 
 _GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim"),
            "consequence": ("↳", "magenta")}
@@ -308,7 +309,7 @@ def _render_interruption(console: Console, interruption: dict, sources: dict, *,
         console.print(Padding(view, (0, 0, 0, 4), expand=False))
 
 
-def render(console: Console, report: Report, *, plain: bool, fail_on: str = "warning") -> None:
+def render(console: Console, report: Report, *, plain: bool, fail_on: str = DEFAULT_FAIL_ON) -> None:
     data = report.to_json()
     post_mortem = bool(data.get("post_mortem"))
     console.print()
