@@ -189,7 +189,8 @@ ENV_MARKDOWN = Option("env_markdown", ("--markdown",), bool, False, in_config=Fa
                       help="Print a Markdown block to paste into a bug report (OS, CPU, Python, torch, CUDA/NCCL, "
                            "GPUs, the packages that matter), and nothing else.")
 ENV_TIMEOUT = Option("env_timeout_s", ("--timeout",), float, 120.0, in_config=False, metavar="SECONDS",
-                     validate=positive("number of seconds"), help="Give up after this many seconds [default: {default:g}].")
+                     validate=positive("number of seconds"),
+                     help="Give up after this many seconds [default: {default:g}].")
 
 # Each command's options, in --help order.
 CHECK: tuple[Option, ...] = (

@@ -46,8 +46,7 @@ def usage_lines() -> list[str]:
     group = typer.main.get_command(app)
     lines: list[str] = []
     for name, command in group.commands.items():
-        declared = {o.name: o for o in getattr(command.callback, "__wrapped__", command.callback).__dict__.get(
-            "__ddpdoctor_options__", ())}
+        declared = {o.name: o for o in getattr(command.callback, "__ddpdoctor_options__", ())}
         usage = [f"ddpdoctor {name}", *(_argument(p) for p in command.params if p.param_type_name == "argument")]
         if declared:
             usage.append("[OPTIONS]")
@@ -67,7 +66,8 @@ def usage_lines() -> list[str]:
             left = f"  {flags} {option.metavar}" if option.metavar else f"  {flags}"
             lines += _wrapped(left, option.help_text())
         if as_for_check:
-            lines += textwrap.wrap("as for check: " + ", ".join(as_for_check), width=WIDTH, initial_indent="  ", subsequent_indent="    ")
+            lines += textwrap.wrap("as for check: " + ", ".join(as_for_check), width=WIDTH, initial_indent="  ",
+                                   subsequent_indent="    ")
     lines.append("ddpdoctor --version")
     return lines
 
