@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import re
+from dataclasses import dataclass
+from typing import Any, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, RUN, ENVIRONMENT, POSTMORTEM
+from ddpdoctor.analysis.api import (ENVIRONMENT, POSTMORTEM, RUN, Check, CheckResult, EvidenceRecord, Explains, Finding,
+                                    Severity, evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure, is_reduction_error
+from ddpdoctor.analysis.symptoms import CollectivesUnmatched, FailureKind, HangKind, RankFailed
+from ddpdoctor.schema.findings import ABSENT
 
 from ._common import fmt_ranks
 
@@ -45,6 +48,68 @@ Fix the root cause reported here; the peers' errors go away with it.
 """
 
 
+@dataclass(frozen=True)
+class Failed(EvidenceRecord, RankFailed):
+    """The first failure, and the ranks that failed the same way; the message says what happened."""
+
+    rank: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    ranks: list[int] = evidence_field(hidden=True, default_factory=list)
+    kind: str = evidence_field(hidden=True, default="")
+    last_step: Optional[int] = evidence_field(label="last optimizer step", keep_none=True)
+    seq: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    secondary_only: bool = evidence_field(hidden=True, default=False)
+    reduction_error: bool = evidence_field(hidden=True, default=False)
+    failed_ranks: list[int] = evidence_field(hidden=True, default_factory=list)
+    exception: Optional[str] = evidence_field(hidden=True, default=ABSENT, keep_none=True)
+    message: Optional[str] = evidence_field(hidden=True, default=ABSENT, keep_none=True)
+    frames: Optional[list[dict[str, Any]]] = evidence_field(hidden=True, default=ABSENT, keep_none=True)
+    exitcode: Optional[int] = evidence_field(label="exit code", default=ABSENT, keep_none=True)
+    signal: Optional[str] = evidence_field(default=ABSENT, keep_none=True)
+    decoded: Optional[dict[str, Any]] = evidence_field(hidden=True)  # {code, cause, detail}
+    secondary: list[dict[str, Any]] = evidence_field(hidden=True, default_factory=list)
+
+    @property
+    def error_code(self) -> Optional[str]:
+        return (self.decoded or {}).get("code")
+
+
+@dataclass(frozen=True)
+class TimedOut(EvidenceRecord, RankFailed):
+    """--timeout stopped the job: where each rank was."""
+
+    discriminator = {"kind": FailureKind.TIMEOUT.value}
+    kind: str = evidence_field(hidden=True, default=FailureKind.TIMEOUT.value)
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)
+    timeout_s: Optional[float] = evidence_field(label="timeout", unit="s", keep_none=True)
+
+
+@dataclass(frozen=True)
+class TeardownAbort(EvidenceRecord, RankFailed):
+    """Ranks killed in torch's own teardown after the script finished."""
+
+    discriminator = {"kind": FailureKind.TEARDOWN.value}
+    kind: str = evidence_field(hidden=True, default=FailureKind.TEARDOWN.value)
+    signals: dict[str, str] = evidence_field(default_factory=dict)
+
+
+def _orphan_of_failed_ranks(symptom: Finding, cause: Finding) -> bool:
+    """A collective that failed because the ranks that never called it had already crashed."""
+    hang, failed = symptom.evidence, cause.evidence
+    return (isinstance(hang, CollectivesUnmatched) and isinstance(failed, Failed) and hang.kind == HangKind.ORPHAN
+            and bool(hang.never_called_by) and set(hang.never_called_by) <= set(failed.failed_ranks))
+
+
+def _crashed_first(finding: Finding) -> bool:
+    return (finding.severity == Severity.ERROR and isinstance(finding.evidence, Failed)
+            and not finding.evidence.secondary_only)
+
+
+EXPLAINS = (
+    # A rank crashed first: its peers' failed collectives follow from it.
+    Explains("a rank crashed", _orphan_of_failed_ranks, cause=_crashed_first, priority=120),
+)
+
+
 def _last_step(evidence: Evidence, rank: Optional[int]) -> Optional[int]:
     """The rank's last completed optimizer step; None when unknown (no event of the rank, or a
     post-mortem, whose files hold no step), which is not 0 ("before the first optimizer step")."""
@@ -68,7 +133,7 @@ def _unfinished(evidence: Evidence) -> Optional[Finding]:
         message=f"the job did not finish within --timeout {evidence.observations.timeout_s or 0:g}s and was "
                 f"stopped ({steps or 'no rank reported'})",
         fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
-        evidence={"kind": "timeout", "ranks": where, "timeout_s": evidence.observations.timeout_s})
+        evidence=TimedOut(ranks=where, timeout_s=evidence.observations.timeout_s))
 
 
 def _same_cause(a: RankFailure, b: RankFailure) -> bool:
@@ -116,7 +181,7 @@ def _teardown_abort(aborts: dict[int, str]) -> CheckResult:
         fix=("Nothing in the training is wrong: this is a race in torch's gloo backend at interpreter exit (ddpdoctor's "
              "bootstrap waits for those threads, so it is rare under ddpdoctor and more frequent under plain torchrun). "
              "Rerun where the exit code matters."),
-        evidence={"kind": "teardown", "signals": {str(r): s for r, s in sorted(aborts.items())}})
+        evidence=TeardownAbort(signals={str(r): s for r, s in sorted(aborts.items())}))
     return CheckResult(findings=[finding], summary=f"{fmt_ranks(ranks)} crashed in torch's teardown after finishing")
 
 
@@ -152,22 +217,17 @@ def analyze(evidence: Evidence) -> CheckResult:
                     "of its own")
         fix = "Look at what the other ranks did just before: one of them left the job early."
     others = [f for f in failures if f not in same]
-    evidence_out = {
-        "rank": chosen.rank,
-        "ranks": ranks,
-        "kind": chosen.kind,
-        "last_step": step,
-        "seq": chosen.seq,
-        "secondary_only": secondary_only,
-        "reduction_error": any(is_reduction_error(f.message) for f in failures),
-        "failed_ranks": sorted(facts.failed_ranks),
-        **({"exception": chosen.type, "message": chosen.message, "frames": chosen.frames}
-           if chosen.kind == "exception" else {"exitcode": chosen.code, "signal": chosen.signal}),
-        **({"decoded": {"code": chosen.decoded.code, "cause": chosen.decoded.cause, "detail": chosen.decoded.detail}}
-           if chosen.decoded else {}),
-        "secondary": [{"rank": f.rank, "kind": f.kind, "summary": f.headline if f.kind == "exception"
-                       else str(f.signal or f.code)} for f in others],
-    }
+    raised = chosen.kind == FailureKind.EXCEPTION
+    evidence_out = Failed(
+        rank=chosen.rank, ranks=ranks, kind=chosen.kind, last_step=step, seq=chosen.seq, secondary_only=secondary_only,
+        reduction_error=any(is_reduction_error(f.message) for f in failures), failed_ranks=sorted(facts.failed_ranks),
+        exception=chosen.type if raised else ABSENT, message=chosen.message if raised else ABSENT,
+        frames=chosen.frames if raised else ABSENT, exitcode=ABSENT if raised else chosen.code,
+        signal=ABSENT if raised else chosen.signal,
+        decoded={"code": chosen.decoded.code, "cause": chosen.decoded.cause, "detail": chosen.decoded.detail}
+        if chosen.decoded else None,
+        secondary=[{"rank": f.rank, "kind": f.kind, "summary": f.headline if f.kind == "exception"
+                    else str(f.signal or f.code)} for f in others])
     finding = Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks),
                       location=chosen.location, evidence=evidence_out)
     later = sorted({f.rank for f in others if f.rank is not None})
@@ -176,5 +236,6 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[finding], summary=summary)
 
 
-CHECK = Check(id=ID, title="every rank finished", analyze=analyze, docs=DOCS, order=90, probes=('flight-recorder-missing',),
+CHECK = Check(id=ID, title="every rank finished", analyze=analyze, docs=DOCS, order=90, probes=("flight-recorder-missing",),
+              evidence=(TimedOut, TeardownAbort, Failed), explains=EXPLAINS,
               sources=frozenset({RUN, ENVIRONMENT, POSTMORTEM}))

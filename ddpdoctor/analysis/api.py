@@ -86,7 +86,7 @@ class Check:
     ``probe``: "module:function" of an in-rank probe, ``install(rec) -> Optional[finalizer]``, that
     every rank runs before the script, as it does the built-in probes (for evidence no built-in
     probe records). ``probes``: the built-in probes whose evidence it reads (ddpdoctor.schema.probes),
-    so a probe that failed marks it incomplete. ``evidence``: the type of its findings' evidence, so a
+    so a probe that failed marks it incomplete. ``evidence``: the types of its findings' evidence, so a
     saved report's comes back typed. ``explains``: the findings of other checks its findings explain.
     ``order``: its place in ``list-checks``, ``explain`` and the report (built-ins 10-140, plugins
     after). ``sources``: what it can judge (``RUN``, ``ENVIRONMENT``, ``POSTMORTEM``).
@@ -100,11 +100,11 @@ class Check:
     probe: Optional[str] = None
     api_version: int = 1
     probes: tuple[str, ...] = ()
-    evidence: Optional[type[EvidenceRecord]] = None
+    evidence: tuple[type[EvidenceRecord], ...] = ()
     explains: tuple[Explains, ...] = ()
     order: int = 1000
     sources: frozenset[str] = frozenset({RUN})
 
     def __post_init__(self) -> None:
-        if self.evidence is not None:
+        if self.evidence:
             register_evidence(self.id, self.evidence)

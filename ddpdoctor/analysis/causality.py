@@ -78,14 +78,6 @@ def _peer_symptom(finding: Finding, _cause: Finding) -> bool:
     return finding.check == "rank-failure" and bool(finding.evidence.get("secondary_only"))
 
 
-def _orphan_of_failed_ranks(finding: Finding, cause: Finding) -> bool:
-    """A collective that failed because the ranks that never called it had already crashed."""
-    failed = set(cause.evidence.get("failed_ranks") or [])
-    absent = set(finding.evidence.get("never_called_by") or [])
-    return finding.check == "collective-hang" and finding.evidence.get("kind") == "orphan" and bool(absent) \
-        and absent <= failed
-
-
 def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
     """NCCL's "Duplicate GPU detected" crash (or a peer's failure after it) when ranks share a GPU."""
     decoded = finding.evidence.get("decoded") or {}
@@ -125,50 +117,46 @@ def _follows_config(finding: Finding, cause: Finding) -> bool:
 
 _LEGACY_RULES: list[Rule] = [
     # Ranks train with different settings: the divergence that follows is its consequence.
-    Rule("settings differ by rank", _is("config-sync", severities=("error",)), _follows_config),
+    Rule("settings differ by rank", _is("config-sync", severities=("error",)), _follows_config, priority=10),
     # Two ranks on one GPU: env-consistency names the ranks and the GPU; NCCL's crash follows.
-    Rule("ranks share a GPU", _is("env-consistency", severities=("error",), kind="shared-gpu"), _duplicate_gpu_crash),
+    Rule("ranks share a GPU", _is("env-consistency", severities=("error",), kind="shared-gpu"), _duplicate_gpu_crash, priority=20),
     # DDP raised "Expected to have finished reduction": the unused parameters are the cause.
     Rule("unused parameters crash DDP", _is("unused-parameters", severities=("error",)),
          lambda f, _c: (f.check == "rank-failure" and bool(f.evidence.get("reduction_error")))
-         or (f.check == "gradient-sync" and f.evidence.get("case") == "reduction-incomplete")),
+         or (f.check == "gradient-sync" and f.evidence.get("case") == "reduction-incomplete"), priority=30),
     # No process group at all, or nn.DataParallel in every process: independent copies of the
     # script; what they disagree on follows.
     Rule("never distributed", _is("not-distributed", kind=("no-process-group", "data-parallel")),
-         lambda f, _c: f.check in ("sampler-disjoint", "gradient-sync", "set-epoch", "uneven-inputs")),
+         lambda f, _c: f.check in ("sampler-disjoint", "gradient-sync", "set-epoch", "uneven-inputs"), priority=40),
     # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
-    Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed")),
+    Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed"), priority=50),
     # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
     Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
-         _symptom("buffer-sync", broadcast_buffers=True)),
+         _symptom("buffer-sync", broadcast_buffers=True), priority=60),
     # A rank ran out of data: its peer waits (hang), fails when it leaves (connection closed), or is
     # left alone in DDP's collectives for the batches it still has.
     Rule("a rank ran out of data", _is("uneven-inputs", severities=("error",), cause="data"),
          lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and (
-             f.evidence.get("kind") == "hang" or _ddp_collectives_unmatched(f)))),
+             f.evidence.get("kind") == "hang" or _ddp_collectives_unmatched(f))), priority=70),
     # A rank left its training loop early (a `break` on one rank): DDP's own collectives for the
     # iterations the others still run find no partner. No traced call of the user's is involved.
     Rule("ranks ran different numbers of iterations", _is("uneven-inputs", severities=("error",)),
-         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and _ddp_collectives_unmatched(f))),
+         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and _ddp_collectives_unmatched(f)), priority=80),
     # Ranks took different collectives: the batch counts they reached differ as a result.
     Rule("collectives diverged", _is("collective-hang", severities=("error",)),
          lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") in ("control-flow", "unknown"))
-         or _failure_in_the_mismatched_collective(f, c)),
+         or _failure_in_the_mismatched_collective(f, c), priority=90),
     # A rank read a checkpoint another rank was still writing, and died loading the torn file.
     Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),
-         _crash_in_the_raced_read),
+         _crash_in_the_raced_read, priority=100),
     # The ranks were stuck in mismatched or partnerless collectives when --timeout expired: the stop
     # is the hang's consequence, not a second fault (a job merely slow keeps its timeout finding).
     Rule("a hang outlasted --timeout", _is("collective-hang", severities=("error",)),
-         lambda f, _c: f.check == "rank-failure" and f.evidence.get("kind") == "timeout"),
-    # A rank crashed first: its peers' failed collectives follow from it.
-    Rule("a rank crashed", _is("rank-failure", severities=("error",), secondary_only=(False, None)),
-         _orphan_of_failed_ranks),
+         lambda f, _c: f.check == "rank-failure" and f.evidence.get("kind") == "timeout", priority=110),
     # Overlapping sampler indices: the overlapping sample content is the same bug, seen again.
-    Rule("index overlap seen in content", _index_overlap, _same_overlap_by_content),
+    Rule("index overlap seen in content", _index_overlap, _same_overlap_by_content, priority=130),
 ]
-for _priority, _rule in enumerate(_LEGACY_RULES, start=1):
-    _LEGACY_RULES[_priority - 1] = replace(_rule, priority=_priority * 10)
+
 
 
 def _root(links: dict[int, int], index: int) -> int:

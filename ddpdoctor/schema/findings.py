@@ -73,6 +73,30 @@ class Location:
         return {"file": self.file, "line": self.line}
 
 
+class _Absent:
+    """The value of an evidence field the finding has not got at all (never in the JSON), as opposed to
+    one it has with no value (None, written as null where the field keeps its None)."""
+
+    _instance: ClassVar[Optional["_Absent"]] = None
+
+    def __new__(cls) -> "_Absent":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __reduce__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
 @dataclass(frozen=True)
 class FieldInfo:
     """How people read one evidence field. ``label``: its name in words (None: the field name in words).
@@ -126,7 +150,7 @@ class EvidenceRecord:
         out: dict[str, Any] = {}
         for f, info in self._fields():
             value = getattr(self, f.name)
-            if value is None and not info.keep_none:
+            if value is ABSENT or (value is None and not info.keep_none):
                 continue
             out[info.key or f.name] = _jsonable(value)
         return out
@@ -135,7 +159,7 @@ class EvidenceRecord:
         """(JSON key, value, how to read it) per field present, in declaration order."""
         for f, info in self._fields():
             value = getattr(self, f.name)
-            if value is None and not info.keep_none:
+            if value is ABSENT or (value is None and not info.keep_none):
                 continue
             yield info.key or f.name, value, info
 
@@ -146,6 +170,15 @@ class EvidenceRecord:
             cached = [(f, f.metadata.get(_INFO) or FieldInfo()) for f in dataclasses.fields(cls)]
             setattr(cls, "_field_infos", cached)
         return cached
+
+    # Values of fields that tell this record type from its check's others (``{"kind": "hang"}``): a
+    # saved report's evidence is read back as the first of the check's types it matches.
+    discriminator: ClassVar[Mapping[str, Any]] = {}
+
+    @classmethod
+    def matches(cls, data: Mapping[str, Any]) -> bool:
+        keys = {info.key or f.name for f, info in cls._fields()}
+        return set(data) <= keys and all(data.get(k) == v for k, v in cls.discriminator.items())
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "EvidenceRecord":
@@ -209,20 +242,21 @@ def as_evidence(value: Union[EvidenceRecord, Mapping[str, Any], None]) -> Eviden
     return RawEvidence(dict(value or {}))
 
 
-# check id -> its evidence record type, so a saved report's evidence comes back typed.
-_EVIDENCE_TYPES: dict[str, type[EvidenceRecord]] = {}
+# check id -> its evidence record types, so a saved report's evidence comes back typed.
+_EVIDENCE_TYPES: dict[str, tuple[type[EvidenceRecord], ...]] = {}
 
 
-def register_evidence(check_id: str, record: type[EvidenceRecord]) -> None:
-    _EVIDENCE_TYPES[check_id] = record
+def register_evidence(check_id: str, records: tuple[type[EvidenceRecord], ...]) -> None:
+    _EVIDENCE_TYPES[check_id] = records
 
 
-def evidence_type(check_id: str) -> Optional[type[EvidenceRecord]]:
-    return _EVIDENCE_TYPES.get(check_id)
+def evidence_type(check_id: str, data: Mapping[str, Any]) -> Optional[type[EvidenceRecord]]:
+    """The first of the check's record types ``data`` (a finding's JSON evidence) matches, or None."""
+    return next((r for r in _EVIDENCE_TYPES.get(check_id, ()) if r.matches(data)), None)
 
 
 def _evidence_from_json(check_id: str, data: Optional[Mapping[str, Any]]) -> EvidenceRecord:
-    record = evidence_type(check_id)
+    record = evidence_type(check_id, data or {})
     if record is None:
         return RawEvidence(dict(data or {}))
     return record.from_json(data or {})

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 from ddpdoctor.analysis.api import Finding
 from ddpdoctor.analysis.causality import link
+from ddpdoctor.analysis.registry import load_checks
+
+load_checks()  # the checks register their evidence types: the findings below are typed as theirs would be
 
 
 def finding(check, severity="error", **evidence):
-    return Finding(check=check, severity=severity, message=f"{check} message", fix="fix", evidence=evidence)
+    """A finding of ``check`` whose evidence is typed as that check's (read back as a saved report's is)."""
+    return Finding.from_json({"check": check, "severity": severity, "message": f"{check} message", "fix": "fix",
+                              "evidence": evidence})
 
 
 def checks(findings):
