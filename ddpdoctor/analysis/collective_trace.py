@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union
 
-from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives
+from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives, InternalPhase
 
 __all__ = ["POINT_TO_POINT", "SHAPE_FREE", "ROOT_LISTS", "TraceEntry", "Mismatch", "call_signature",
            "rank_trace", "trace_of", "first_mismatch", "PHASE_WHAT", "subgroup_traces", "first_subgroup_mismatch"]
@@ -32,12 +32,7 @@ SHAPE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored
 ROOT_LISTS = frozenset({"gather", "scatter"})
 
 # What a library's collectives were, by phase, in words.
-PHASE_WHAT = {
-    "ddp-init": "DDP's constructor (broadcast of the parameters from rank 0)",
-    "ddp-forward": "DDP's forward (its buffer or bucket broadcast)",
-    "ddp-backward": "DDP's gradient all-reduce in the backward pass",
-    "other": "a collective no traced call made",
-}
+PHASE_WHAT = {phase.value: phase.what for phase in InternalPhase}
 
 
 def call_signature(event: Collective) -> tuple:
@@ -95,10 +90,10 @@ class TraceEntry:
             shown = self.tensors[-1] if self.op in ("all_gather", "all_gather_into_tensor") and self.tensors else \
                 (self.tensors[0] if self.tensors else None)
             return f"{self.op}{f' of {shown[1]}{shown[0]}' if shown else ''}"
-        what = PHASE_WHAT.get(self.phase, PHASE_WHAT["other"])
+        what = PHASE_WHAT.get(self.phase, InternalPhase.OTHER.what)
         if self.op:
-            what = f"{self.op} in {what}" if self.phase != "other" else self.op
-        if self.phase == "ddp-forward" and self.grad is False:
+            what = f"{self.op} in {what}" if self.phase != InternalPhase.OTHER else self.op
+        if self.phase == InternalPhase.DDP_FORWARD and self.grad is False:
             what += ", with no backward to follow (evaluation)"
         return what
 

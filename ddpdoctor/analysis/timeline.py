@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import (DDP_PHASE_WORDS, Collective, DDPWrap, Exit, ExceptionEvent, InitProcessGroup,
-                                     InternalCollectives, ProcessStart, RankEnvironment, Save, Step, SysExit)
+from ddpdoctor.schema.events import (Collective, DDPWrap, Exit, ExceptionEvent, InitProcessGroup, InternalCollectives,
+                                     InternalPhase, ProcessStart, RankEnvironment, Save, Step, SysExit)
 
 __all__ = ["build_timeline", "points_per_rank", "TOTAL_POINTS"]
 
@@ -57,7 +57,7 @@ def _thin(items: list, limit: int) -> list:
 
 
 # DDP's own collectives (InternalCollectives.phase) as the timeline names them.
-_INTERNAL = {**DDP_PHASE_WORDS, "other": "a library's collective"}
+_INTERNAL = {phase.value: phase.words for phase in InternalPhase}
 
 
 def _collectives(ev, stalled_since: Optional[float] = None) -> list[tuple[float, int, str]]:

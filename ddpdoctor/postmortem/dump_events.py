@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from ddpdoctor.postmortem.flight_recorder import WORLD_PG, Dump
-from ddpdoctor.schema.events import Collective, Event, InternalCollectives
+from ddpdoctor.schema.events import Collective, Event, InternalCollectives, InternalPhase
 
 __all__ = ["ConvertedRank", "Pending", "convert_dump", "is_library_file", "user_site", "as_stack", "Interner"]
 
@@ -157,19 +157,19 @@ def _traced(frames: list) -> Optional[tuple[str, int]]:
     return None
 
 
-def _phase(frames: list) -> str:
+def _phase(frames: list) -> InternalPhase:
     """What issued a collective no traced call made, as the live clock names it."""
     files = [(f.get("filename") or "").replace("\\", "/") for f in frames]
     if any(part in path for path in files for part in _AUTOGRAD):
-        return "ddp-backward"
+        return InternalPhase.DDP_BACKWARD
     ddp = [f for f, path in zip(frames, files) if path.endswith(_DDP)]
     if any(f.get("name") == "__init__" for f in ddp):
-        return "ddp-init"
+        return InternalPhase.DDP_INIT
     if ddp:
-        return "ddp-forward"
+        return InternalPhase.DDP_FORWARD
     if any("torch/distributed/utils.py" in path for path in files):
-        return "ddp-init"
-    return "other"
+        return InternalPhase.DDP_INIT
+    return InternalPhase.OTHER
 
 
 @dataclass
@@ -207,13 +207,13 @@ class _Stack(NamedTuple):
 
     traced: Optional[str]  # the public torch.distributed function the script called, if any
     site: list
-    phase: str  # for a collective no traced call made
+    phase: InternalPhase  # for a collective no traced call made
     outside: tuple  # the frames outside the traced call: the entries of one call share them
     inside: tuple  # the traced call's own frames: a new call of the same line repeats them
     rank_branch: bool
 
 
-_NO_STACK = _Stack(None, [], "other", (), (), False)
+_NO_STACK = _Stack(None, [], InternalPhase.OTHER, (), (), False)
 _FRAME_KEY = operator.itemgetter("filename", "line")
 
 

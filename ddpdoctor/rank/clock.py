@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ddpdoctor.schema.events import InternalCollectives
+from ddpdoctor.schema.events import InternalCollectives, InternalPhase
 
 # Traced calls that issue no collective on the group's numbering (their traffic is point-to-point).
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
@@ -44,7 +44,7 @@ class Phase:
 
     __slots__ = ("name", "ddp", "grad", "training", "site", "site_fn")
 
-    def __init__(self, name: str = "other", *, ddp: Optional[int] = None, grad: Optional[bool] = None,
+    def __init__(self, name: str = InternalPhase.OTHER, *, ddp: Optional[int] = None, grad: Optional[bool] = None,
                  training: Optional[bool] = None, site: Optional[list] = None,
                  site_fn: Optional[Callable[[], list]] = None) -> None:
         self.name = name

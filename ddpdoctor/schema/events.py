@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, ClassVar, Optional, TypeVar
 
 __all__ = [
@@ -26,7 +27,7 @@ __all__ = [
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
     "ContentPass",
     "ConfigState", "ModeChange", "ParamGroupsWrite", "ModuleConversion", "DDPRewrap", "DDPBypass", "CommHook",
-    "ContentPass", "InternalCollectives", "INTERNAL_PHASES", "UnchangedWeights", "Unfrozen",
+    "ContentPass", "InternalCollectives", "InternalPhase", "INTERNAL_PHASES", "UnchangedWeights", "Unfrozen",
 ]
 
 SCHEMA_VERSION = 4  # 3: step fingerprints as encoded strings; 4: collectives numbered by the process group
@@ -465,15 +466,55 @@ class Collective(Event):
     pg_seq: Optional[int] = None  # the backend's sequence number of its first collective (flight recorder id)
 
 
-# What issued collectives no traced call made: "ddp-init" (the constructor's broadcasts), "ddp-forward"
-# (buffer broadcast, first-iteration bucket rebuild), "ddp-backward" (gradient bucket all-reduces, the
-# find_unused_parameters bitmap), "other" (anything else: Join's shadow collectives, comm libraries).
-INTERNAL_PHASES = ("ddp-init", "ddp-forward", "ddp-backward", "other")
+class InternalPhase(str, Enum):
+    """What issued collectives no traced call made (:attr:`InternalCollectives.phase`), as the rank's
+    clock names it and a flight recorder dump's stack shows it. A ``str`` enum:
+    ``InternalPhase.DDP_INIT == "ddp-init"``, and JSON writes "ddp-init"."""
+
+    DDP_INIT = "ddp-init"  # the constructor's broadcasts
+    DDP_FORWARD = "ddp-forward"  # buffer broadcast, first-iteration bucket rebuild
+    DDP_BACKWARD = "ddp-backward"  # gradient bucket all-reduces, the find_unused_parameters bitmap
+    OTHER = "other"  # anything else: Join's shadow collectives, comm libraries
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __hash__(self) -> int:  # equal to its value, so "ddp-init" finds InternalPhase.DDP_INIT in a dict
+        return hash(self.value)
+
+    @property
+    def is_ddp(self) -> bool:
+        return self is not InternalPhase.OTHER
+
+    @property
+    def words(self) -> str:
+        """In a few words (the live view, the timeline): "DDP's forward broadcast"."""
+        return _PHASE_TEXT[self.value][0]
+
+    @property
+    def what(self) -> str:
+        """In a finding's sentence: "DDP's forward (its buffer or bucket broadcast)"."""
+        return _PHASE_TEXT[self.value][1]
+
+    @property
+    def part_of(self) -> str:
+        """What a collective it issued is part of, after "in" ("all_reduce in DDP's gradient all-reduce")."""
+        return _PHASE_TEXT[self.value][2]
 
 
+# Each phase's words, in the three places people read them (see InternalPhase.words, .what, .part_of).
+_PHASE_TEXT = {
+    "ddp-init": ("DDP's constructor broadcast", "DDP's constructor (broadcast of the parameters from rank 0)",
+                 "DDP's constructor (parameter broadcast)"),
+    "ddp-forward": ("DDP's forward broadcast", "DDP's forward (its buffer or bucket broadcast)",
+                    "DDP's forward (its buffer or bucket broadcast)"),
+    "ddp-backward": ("DDP's gradient all-reduce", "DDP's gradient all-reduce in the backward pass",
+                     "DDP's gradient all-reduce"),
+    "other": ("a library's collective", "a collective no traced call made", "a library's collective"),
+}
+INTERNAL_PHASES = tuple(p.value for p in InternalPhase)
 # DDP's own collectives by InternalCollectives.phase, in a few words (the live view and the timeline).
-DDP_PHASE_WORDS = {"ddp-init": "DDP's constructor broadcast", "ddp-forward": "DDP's forward broadcast",
-                   "ddp-backward": "DDP's gradient all-reduce"}
+DDP_PHASE_WORDS = {p.value: p.words for p in InternalPhase if p.is_ddp}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -490,7 +531,7 @@ class InternalCollectives(Event):
     kind: ClassVar[str] = "internal_collectives"
     first: int = 0
     count: int = 0
-    phase: str = "other"
+    phase: str = "other"  # an InternalPhase
     ddp: Optional[int] = None
     grad: Optional[bool] = None
     training: Optional[bool] = None

@@ -26,6 +26,7 @@ import math
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
+from ddpdoctor.schema.events import InternalPhase
 from ddpdoctor.schema.findings import EvidenceRecord, FieldInfo, as_evidence
 
 __all__ = ["UNITS", "LABELS", "PHASES", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text", "number",
@@ -109,8 +110,7 @@ def ranks_text(ranks: list) -> str:
 
 
 # What DDP's own collectives are part of (the collective trace's ``phase``), in words.
-PHASES = {"ddp-forward": "DDP's forward (its buffer or bucket broadcast)", "ddp-backward": "DDP's gradient all-reduce",
-          "ddp-init": "DDP's constructor (parameter broadcast)"}
+PHASES = {phase.value: phase.part_of for phase in InternalPhase if phase.is_ddp}
 
 
 def call_text(call: dict) -> str:

@@ -28,7 +28,7 @@ from ddpdoctor.rank.probes import module_calls
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.events import BufferFingerprint, DDPUsage, DDPWrap
+from ddpdoctor.schema.events import BufferFingerprint, DDPUsage, DDPWrap, InternalPhase
 from ddpdoctor.schema.sampling import should_fingerprint
 
 PROBE = "ddp"
@@ -126,7 +126,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         def __init__(self, module, *args, **kwargs):
             _import_dynamo_quietly()
             with rec.guard(PROBE, "DistributedDataParallel.__init__"):  # its broadcasts are DDP's own collectives
-                rec.clock.enter(Phase("ddp-init", ddp=len(STATES), site=callsite.caller_site(3)))
+                rec.clock.enter(Phase(InternalPhase.DDP_INIT, ddp=len(STATES), site=callsite.caller_site(3)))
             try:
                 original(self, module, *args, **kwargs)
             finally:
@@ -183,8 +183,9 @@ def _on_ddp_forward(rec: Recorder, module: DistributedDataParallel, state: DDPSt
     grad = torch.is_grad_enabled()
     with rec.guard(PROBE, "forward"):  # what DDP's forward broadcasts is booked to this line
         state.last_forward_site = callsite.caller_site(1)
-        rec.clock.enter(Phase("ddp-forward", ddp=state.index, grad=grad and module.require_backward_grad_sync,
-                              training=module.training, site=state.last_forward_site))
+        rec.clock.enter(Phase(InternalPhase.DDP_FORWARD, ddp=state.index,
+                              grad=grad and module.require_backward_grad_sync, training=module.training,
+                              site=state.last_forward_site))
     if not grad:  # evaluation forwards never reduce gradients
         return
     if rec.timing.forward is None:
@@ -252,10 +253,10 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
-    if not state.fired and rec.clock.phase.name != "ddp-backward":
+    if not state.fired and rec.clock.phase.name != InternalPhase.DDP_BACKWARD:
         # The first gradient of a backward: DDP's bucket all-reduces now belong to it. No clock read
         # here: this may be an autograd thread; the next observation on the main thread books them.
-        rec.clock.phase = Phase("ddp-backward", ddp=state.index, site=_backward_site(state))
+        rec.clock.phase = Phase(InternalPhase.DDP_BACKWARD, ddp=state.index, site=_backward_site(state))
     state.fired.add(index)
     rec.progress += 1
     state.arrived += 1
