@@ -87,6 +87,7 @@ class DDPDoctor:
 
 
 def _run(script: str, script_args: tuple[str, ...], nproc_per_node: int, options: dict[str, Any]) -> "Report":
+    from ddpdoctor.schema.observations import Outcome
     from ddpdoctor.supervisor.config import RunConfig
     from ddpdoctor.supervisor.pipeline import run
 
@@ -96,7 +97,7 @@ def _run(script: str, script_args: tuple[str, ...], nproc_per_node: int, options
         raise TypeError(f"unknown ddpdoctor option(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}")
     config = RunConfig(script=script, script_args=script_args, nproc_per_node=nproc_per_node, **options)
     report = run(config, display=_PrintDisplay(config.show_output))
-    if report.outcome == "interrupted" and (report.interruption or {}).get("signal") == "SIGINT":
+    if report.outcome == Outcome.INTERRUPTED and (report.interruption or {}).get("signal") == "SIGINT":
         raise KeyboardInterrupt  # the ranks are stopped; now Ctrl-C stops the test session, as it would have
     return report
 

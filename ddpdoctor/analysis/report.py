@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.schema.events import SCHEMA_VERSION
+from ddpdoctor.schema.observations import Outcome
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "write_json"]
 
@@ -60,7 +61,7 @@ class Report:
     nnodes: int
     backend: str
     device: str
-    outcome: str  # completed | failed | hung | timeout | interrupted
+    outcome: str  # an Outcome: completed | failed | hung | timeout | interrupted
     duration_s: float
     launch_mode: str
     checks: list[CheckStatus] = field(default_factory=list)
@@ -103,7 +104,7 @@ class Report:
         not install, so nothing was checked."""
         if self.role == "peer":
             return self.peer_exit_code
-        if self.outcome == "interrupted" and self.interruption:
+        if self.outcome == Outcome.INTERRUPTED and self.interruption:
             return int(self.interruption.get("exit_code") or 130)
         if self.unchecked:
             return 2  # ddpdoctor could not do its job: not a verdict on the script
@@ -113,7 +114,7 @@ class Report:
         """For tests: raise AssertionError listing every top-level finding at or above ``fail_on``
         (where, what, the fix), so a test fails the way ``--fail-on`` fails a run."""
         __tracebackhide__ = True  # pytest shows the caller's line, not this method's body
-        if self.outcome == "interrupted":  # not clean: it did not finish
+        if self.outcome == Outcome.INTERRUPTED:  # not clean: it did not finish
             raise AssertionError(f"ddpdoctor: the run was interrupted by {(self.interruption or {}).get('signal')} "
                                  "before the job finished")
         if self.unchecked:

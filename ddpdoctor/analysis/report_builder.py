@@ -18,6 +18,7 @@ from ddpdoctor.analysis.report import CheckStatus, Report
 from ddpdoctor.analysis.runner import Analysis
 from ddpdoctor.analysis.timeline import build_timeline
 from ddpdoctor.schema.events import DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart, RankEnvironment
+from ddpdoctor.schema.observations import Outcome
 
 __all__ = ["build_report", "device_simulation", "framework_of", "interruption_of", "FRAMEWORK_TITLES"]
 
@@ -111,7 +112,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
 def interruption_of(evidence: Evidence, analysis: Analysis) -> Optional[dict]:
     """The report's account of a stop signal: which, whose, when, what it cut off, where each rank was."""
     stop = evidence.stop
-    if evidence.outcome != "interrupted" or stop is None:
+    if evidence.outcome != Outcome.INTERRUPTED or stop is None:
         return None
     try:
         number = int(signal.Signals[stop.signal or ""])

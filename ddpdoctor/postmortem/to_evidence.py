@@ -33,7 +33,7 @@ from ddpdoctor.postmortem.discover import Inputs, discover, read_text_tail
 from ddpdoctor.postmortem.dump_events import ConvertedRank, Interner, as_stack, is_library_file
 from ddpdoctor.postmortem.read_dumps import MapChunks, converted_dumps
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProbeError, ProcessStart
-from ddpdoctor.schema.observations import Heartbeat, Observations, RankState, StopSnapshot
+from ddpdoctor.schema.observations import Heartbeat, Observations, Outcome, RankState, StopSnapshot
 
 __all__ = ["PostMortem", "load", "PROBE"]
 
@@ -120,7 +120,8 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     pending = {r: c.pending for r, c in converted.items() if c.pending is not None}
     waiting_ranks = set(pending)
     failures = [f for f in table.failures if f.rank not in waiting_ranks]  # a waiting rank's death is a symptom
-    observations = Observations(outcome="failed" if (errors or table.failures) else "completed", world_size=size,
+    observations = Observations(outcome=Outcome.FAILED if (errors or table.failures) else Outcome.COMPLETED,
+                                world_size=size,
                                 launch_mode=POST_MORTEM, failures=failures, missing_ranks=missing,
                                 output_tails={r: log.lines for r, log in logs.items()})
     evidence.observations = observations
@@ -134,7 +135,7 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
     stop = None if cause is not None else _snapshot(converted, dumps_meta, missing, classify)
     if stop is not None:
         observations.stop = stop
-        observations.outcome = "hung"
+        observations.outcome = Outcome.HUNG
         evidence = Evidence(ranks=evidence.ranks, unranked=evidence.unranked, observations=observations,
                             script=script)  # facts anew
     notes.extend(_notes(converted, dumps_meta, missing, evidence))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
-__all__ = ["Heartbeat", "StackDump", "RankState", "StopSnapshot", "Failure", "Observations"]
+__all__ = ["Heartbeat", "StackDump", "RankState", "StopSnapshot", "Failure", "Outcome", "Observations"]
 
 
 def _known(cls: type, data: dict) -> dict:
@@ -156,13 +157,30 @@ class Failure:
         return cls(**_known(cls, data))
 
 
+class Outcome(str, Enum):
+    """How the run ended (``Observations.outcome``, the report's ``outcome``). A ``str`` enum:
+    ``Outcome.HUNG == "hung"``, and JSON writes "hung"."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    HUNG = "hung"  # a hang, or no progress, stopped by ddpdoctor (or shown by flight recorder dumps)
+    TIMEOUT = "timeout"  # --timeout
+    # a stop signal: Ctrl-C, SIGTERM, a scheduler's; the stop snapshot names it, and the counts it cut
+    # off are left out of the analysis
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __hash__(self) -> int:  # equal to its value, so "hung" finds Outcome.HUNG in a set or dict
+        return hash(self.value)
+
+
 @dataclass(kw_only=True)
 class Observations:
     """Everything the supervisor side knows about the run besides the ranks' own events."""
 
-    # completed | failed | hung | timeout | interrupted (a stop signal: Ctrl-C, SIGTERM, a scheduler's; the
-    # stop snapshot names it, and the counts it cut off are left out of the analysis)
-    outcome: str = "completed"
+    outcome: str = Outcome.COMPLETED  # an Outcome (a plain string when read back from JSON)
     world_size: int = 0
     nnodes: int = 1
     launch_mode: str = "torchrun"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.schema import settings
-from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
+from ddpdoctor.schema.observations import Failure, Observations, Outcome, StopSnapshot
 from ddpdoctor.supervisor import launch
 from ddpdoctor.supervisor.config import RunConfig
 from ddpdoctor.supervisor.display import Display, NullDisplay
@@ -107,9 +107,10 @@ def _run_in_existing_launch(config: RunConfig, existing: launch.ExistingLaunch, 
         # signal makes every task exit 128+signal, so a scheduler sees each one interrupted.
         stop = run.result.stop
         if stop is not None and stop.reason == "interrupted":
-            outcome, exit_code = "interrupted", exit_code_for(signal_number(stop.signal or "") or 15)
+            outcome, exit_code = Outcome.INTERRUPTED, exit_code_for(signal_number(stop.signal or "") or 15)
         else:
-            outcome, exit_code = ("completed" if run.exit_code == 0 else "failed"), (0 if run.reported else run.exit_code)
+            outcome = Outcome.COMPLETED if run.exit_code == 0 else Outcome.FAILED
+            exit_code = 0 if run.reported else run.exit_code
         return Report(version=__version__, script=None if config.is_reference else script,
                       argv=list(config.script_args), world_size=existing.world_size, nnodes=existing.nnodes,
                       backend="", device="", outcome=outcome, duration_s=time.monotonic() - started,
@@ -215,11 +216,11 @@ def _source_files(evidence: "Evidence", script: str) -> set[str]:
     return {f for f in files if f and not f.startswith("<")}
 
 
-def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> str:
+def _outcome(stop: Optional[StopSnapshot], *, failed: bool) -> Outcome:
     if stop is None:
-        return "failed" if failed else "completed"
-    return {"hang": "hung", "no-progress": "hung", "timeout": "timeout",
-            "interrupted": "interrupted"}.get(stop.reason, "failed")
+        return Outcome.FAILED if failed else Outcome.COMPLETED
+    return {"hang": Outcome.HUNG, "no-progress": Outcome.HUNG, "timeout": Outcome.TIMEOUT,
+            "interrupted": Outcome.INTERRUPTED}.get(stop.reason, Outcome.FAILED)
 
 
 def _nnodes(config: RunConfig, plan: launch.LaunchPlan) -> int:

@@ -13,6 +13,7 @@ from urllib.parse import quote
 from ddpdoctor.analysis.api import Check, Finding, Location
 from ddpdoctor.analysis.registry import load_checks
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.observations import Outcome
 
 __all__ = ["SARIF_SCHEMA", "FINGERPRINT_KEY", "relative_path", "render_sarif"]
 
@@ -92,7 +93,7 @@ def _result(finding: Finding, rule_index: dict[str, int], repo_root: str) -> dic
 
 def _invocation(report: Report) -> dict:
     """Whether the run finished and was checked; a job the probes could not check says why."""
-    invocation: dict = {"executionSuccessful": report.outcome == "completed" and not report.unchecked}
+    invocation: dict = {"executionSuccessful": report.outcome == Outcome.COMPLETED and not report.unchecked}
     if report.unchecked:
         invocation["toolExecutionNotifications"] = [{
             "level": "error", "message": {"text": f"ddpdoctor could not check this job: {report.unchecked['reason']}"}}]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.observations import Outcome
 from ddpdoctor.schema.settings import GPU_VISIBLE
 
 __all__ = ["verdict", "duration_text", "stop_words", "consequence_of", "device_simulation_line", "format_bytes"]
@@ -27,7 +28,7 @@ def stop_words(post_mortem: bool) -> str:
 def verdict(report: Report, fail_on: str = "warning") -> str:
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in ("error", "warning", "info")}
     tally = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
-    if report.outcome == "interrupted":
+    if report.outcome == Outcome.INTERRUPTED:
         signal = (report.interruption or {}).get("signal") or "a signal"
         if (report.interruption or {}).get("during") == "start-up":
             return f"verdict: INTERRUPTED by {signal} during start-up: nothing was checked"
