@@ -8,8 +8,10 @@ The package has three sides, and the layout shows them:
 - ``ddpdoctor.analysis``: evidence, derived facts, the check runner, causality, the report model and
   its renderers. Pure: no processes, no torch.
 
-``ddpdoctor.schema`` holds the contracts between them. The public API is re-exported here and
-imported lazily, so a rank process pays nothing for it.
+``ddpdoctor.schema`` holds the contracts between them. ``ddpdoctor.postmortem`` is a second evidence
+source, for ``ddpdoctor analyze``: it reads what PyTorch and torchrun left behind (flight recorder
+dumps, error files, logs) into the same evidence the analysis judges. The public API is re-exported
+here and imported lazily, so a rank process pays nothing for it.
 """
 
 from __future__ import annotations
