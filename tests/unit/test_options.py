@@ -144,8 +144,9 @@ def test_write_all_writes_every_renderers_file(tmp_path, capsys):
     evidence = make_evidence(2, on_all(2, process_start(), init_pg(2)))
     report = build_report(evidence, analyze(evidence), version="0", script="/job/train.py", argv=[], duration_s=1.0)
     paths = {r.name: str(tmp_path / f"out.{r.name}") for r in report_files.RENDERERS}
-    report_files.write_all(report, console=Console(file=open(tmp_path / "terminal", "w")), plain=True,
-                           fail_on=DEFAULT_FAIL_ON, files=paths, github=False)
+    with open(tmp_path / "terminal", "w") as terminal:
+        report_files.write_all(report, console=Console(file=terminal), plain=True, fail_on=DEFAULT_FAIL_ON,
+                               files=paths, github=False)
     assert all(pathlib.Path(p).stat().st_size > 0 for p in paths.values())
 
 
