@@ -8,16 +8,21 @@ loaded first, so a plugin can never replace one.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
 from typing import Optional
 
 from ddpdoctor.analysis.api import CHECK_API_VERSION, Check
+from ddpdoctor.plugins import CHECKS_GROUP as GROUP
+from ddpdoctor.plugins import DISABLE_PLUGINS_ENV, is_builtin, plugins_disabled
+from ddpdoctor.plugins import entry_points as _declared
 
-GROUP = "ddpdoctor.checks"
-BUILTIN_PREFIX = "ddpdoctor.checks."
-DISABLE_PLUGINS_ENV = "DDPDOCTOR_DISABLE_PLUGINS"
+__all__ = ["GROUP", "DISABLE_PLUGINS_ENV", "LoadedCheck", "load_checks", "find_check", "is_builtin", "plugins_disabled"]
+
+
+def entry_points(group: str) -> list[EntryPoint]:
+    """The group's entry points (ddpdoctor.plugins); a name of its own here, for tests to replace."""
+    return _declared(group)
 
 
 @dataclass
@@ -33,20 +38,10 @@ class LoadedCheck:
     error: Optional[str] = None
 
 
-def plugins_disabled() -> bool:
-    """DDPDOCTOR_DISABLE_PLUGINS=1: built-in checks only, to rule a plugin out as a cause."""
-    return os.environ.get(DISABLE_PLUGINS_ENV, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def is_builtin(ep: EntryPoint) -> bool:
-    return ep.value.startswith(BUILTIN_PREFIX)
-
-
 def load_checks(*, builtins: bool = True) -> list[LoadedCheck]:
     """Every check in ``explain`` order. ``builtins=False``: the third-party ones only, without
     importing the built-ins (a rank needs just the plugins' probes); built-in ids stay reserved."""
-    builtin_only = plugins_disabled()
-    points = [ep for ep in entry_points(group=GROUP) if is_builtin(ep) or not builtin_only]
+    points = [ep for ep in entry_points(GROUP) if is_builtin(ep) or not plugins_disabled()]
     owners: dict[str, str] = {}  # id -> the entry-point value that claimed it first
     loaded: dict[str, LoadedCheck] = {}
     for ep in sorted(points, key=lambda ep: not is_builtin(ep)):

@@ -1,7 +1,7 @@
 """In-rank probes. ``install`` hooks torch as soon as the script has imported it, before any of
 the script's code uses it; nothing here changes what the script computes, and a probe that fails
-is recorded, never raised into the script. Third-party checks' probes (``Check.probe``) install
-after the built-in ones, under their check's id."""
+is recorded, never raised into the script. Third-party probes (found by ddpdoctor.plugins, which
+loads no check of ddpdoctor's) install after the built-in ones, under their check's id."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import importlib
 import sys
 from typing import Any, Callable, Iterator
 
+from ddpdoctor import plugins
 from ddpdoctor.rank.after_import import AfterImport
 from ddpdoctor.rank.gc_pause import gc_paused
 from ddpdoctor.rank.probes import patching
@@ -17,10 +18,10 @@ from ddpdoctor.rank.recorder import Recorder
 
 # Each module's install(rec) returns an optional finalizer run when the script ends.
 # "device" (CUDA/NCCL simulation on CPU) first: the probes after it wrap its stand-ins.
-NOT_INSTALLED = "torch was imported without ddpdoctor's import hook firing, so no probe was installed"
-
 PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
                  "environment", "content", "flight_recorder", "config", "wrapping", "data_parallel")
+
+NOT_INSTALLED = "torch was imported without ddpdoctor's import hook firing, so no probe was installed"
 
 
 def install(rec: Recorder) -> Callable[[], None]:
@@ -80,18 +81,16 @@ def _installers(rec: Recorder) -> Iterator[tuple[str, str]]:
     """(probe name, "module:function"): the built-ins, then (looked up only once those are in) the plugins'."""
     for name in PROBE_MODULES:
         yield name, f"ddpdoctor.rank.probes.{name}:install"
-    yield from _plugin_probes(rec)
+    yield from _found(rec, "plugins", plugins.plugin_probes)
 
 
-def _plugin_probes(rec: Recorder) -> list[tuple[str, str]]:
-    """(check id, "module:function") of every loadable third-party check with a probe
-    (none under DDPDOCTOR_DISABLE_PLUGINS=1); broken plugins are the supervisor's to report."""
+def _found(rec: Recorder, what: str, find: Callable[[], list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    """The probes ``find`` lists (none under DDPDOCTOR_DISABLE_PLUGINS=1 for plugins); unreadable package
+    metadata is recorded as a failed probe, and broken plugins are the supervisor's to report."""
     try:
-        from ddpdoctor.analysis.registry import load_checks
-
-        return [(c.id, c.check.probe) for c in load_checks(builtins=False) if c.check is not None and c.check.probe]
-    except Exception as exc:  # unreadable package metadata: the built-in probes still run
-        rec.probe_failed("plugins", exc, phase="install")
+        return find()
+    except Exception as exc:
+        rec.probe_failed(what, exc, phase="install")
         return []
 
 
