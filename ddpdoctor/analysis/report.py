@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.schema.events import SCHEMA_VERSION
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
 from ddpdoctor.schema.observations import Outcome
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "write_json"]
@@ -98,7 +99,7 @@ class Report:
         threshold = SEVERITY_ORDER[level]
         return [f for f in self.findings if SEVERITY_ORDER[f.severity] >= threshold]
 
-    def exit_code(self, fail_on: str = "warning") -> int:
+    def exit_code(self, fail_on: str = DEFAULT_FAIL_ON) -> int:
         """0 when no top-level finding reaches ``fail_on``, else 1 (design.md's exit-code contract);
         128+N when signal N interrupted the run, whatever was found before it; 2 when the probes could
         not install, so nothing was checked."""
@@ -110,7 +111,7 @@ class Report:
             return 2  # ddpdoctor could not do its job: not a verdict on the script
         return 1 if self.at_or_above(fail_on) else 0
 
-    def assert_clean(self, fail_on: str = "warning") -> None:
+    def assert_clean(self, fail_on: str = DEFAULT_FAIL_ON) -> None:
         """For tests: raise AssertionError listing every top-level finding at or above ``fail_on``
         (where, what, the fix), so a test fails the way ``--fail-on`` fails a run."""
         __tracebackhide__ = True  # pytest shows the caller's line, not this method's body

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ddpdoctor.analysis.report import Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
 from ddpdoctor.schema.observations import Outcome
 from ddpdoctor.schema.settings import GPU_VISIBLE
 
@@ -25,7 +26,7 @@ def stop_words(post_mortem: bool) -> str:
     return "when its flight recorder dump was written" if post_mortem else "when the job was stopped"
 
 
-def verdict(report: Report, fail_on: str = "warning") -> str:
+def verdict(report: Report, fail_on: str = DEFAULT_FAIL_ON) -> str:
     counts = {s: sum(1 for f in report.findings if f.severity == s) for s in ("error", "warning", "info")}
     tally = f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info"
     if report.outcome == Outcome.INTERRUPTED:
