@@ -71,6 +71,34 @@ class UnknownEvent(Event):
         return {**self.data, "kind": self.kind_name}
 
 
+# kind -> event class: every kind registered with register_event, the built-in ones at import.
+EVENT_KINDS: dict[str, type[Event]] = {}
+
+
+EventT = TypeVar("EventT", bound=type[Event])
+
+
+def register_event(cls: EventT) -> EventT:
+    """Make an event kind load typed, not as an :class:`UnknownEvent` (a class decorator): a plugin's
+    own kinds, and ddpdoctor's built-in ones below, which register the same way.
+
+    ``cls`` is a ``@dataclass(kw_only=True, slots=True)`` subclass of :class:`Event` naming its own
+    ``kind``, namespaced with a dot ("myplugin.thing") so it can never collide with a built-in kind.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Event) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{cls!r} is not a dataclass subclass of ddpdoctor's Event")
+    kind = cls.__dict__.get("kind")
+    builtin = cls.__module__ == __name__  # ddpdoctor's own kinds, registered the same way, are bare words
+    if not isinstance(kind, str) or ("." not in kind.strip(".") and not builtin):
+        raise ValueError(f"{cls.__qualname__} needs its own namespaced kind, e.g. kind: ClassVar[str] = "
+                         f"\"myplugin.thing\" (got {kind!r})")
+    if kind in EVENT_KINDS:
+        taken = EVENT_KINDS[kind]
+        raise ValueError(f"event kind {kind!r} is already registered by {taken.__module__}.{taken.__qualname__}")
+    EVENT_KINDS[kind] = cls
+    return cls
+
+
 @dataclass(kw_only=True, slots=True)
 class SamplerInfo:
     """What a DataLoader's (batch) sampler was when a pass started."""
@@ -95,6 +123,7 @@ class SamplerInfo:
 
 # -- process lifecycle ------------------------------------------------------------------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ProcessStart(Event):
     kind: ClassVar[str] = "process_start"
@@ -109,6 +138,7 @@ class ProcessStart(Event):
     torch_version: str = ""
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class InitProcessGroup(Event):
     kind: ClassVar[str] = "init_pg"
@@ -122,12 +152,14 @@ class InitProcessGroup(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DestroyProcessGroup(Event):
     kind: ClassVar[str] = "destroy_pg"
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ExceptionEvent(Event):
     """The script (or a spawned worker) ended with an uncaught exception."""
@@ -140,6 +172,7 @@ class ExceptionEvent(Event):
     epoch: Optional[int] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class SysExit(Event):
     kind: ClassVar[str] = "sys_exit"
@@ -147,12 +180,14 @@ class SysExit(Event):
     location: Optional[dict] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class Exit(Event):
     kind: ClassVar[str] = "exit"
     code: Optional[int] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class RunCut(Event):
     """ddpdoctor stopped the script on purpose at a step or epoch boundary (--max-steps/--max-epochs)."""
@@ -162,6 +197,7 @@ class RunCut(Event):
     at: int = 0
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ProbeError(Event):
     """A probe that failed while the script ran, or a patch that could not be applied."""
@@ -173,6 +209,7 @@ class ProbeError(Event):
     phase: str = "run"  # "install" (the patch did not apply) or "run"
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DeviceSimulation(Event):
     """What this process's device simulation (CUDA/NCCL on CPU, ddpdoctor.rank.devicesim) stood in for.
@@ -197,6 +234,7 @@ class DeviceSimulation(Event):
 
 # -- DDP and optimizers -----------------------------------------------------------------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DDPWrap(Event):
     kind: ClassVar[str] = "ddp_wrap"
@@ -217,6 +255,7 @@ class DDPWrap(Event):
     frozen: list = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DataParallelWrap(Event):
     """A model wrapped in single-process ``nn.DataParallel`` (once per call site): it splits each
@@ -229,6 +268,7 @@ class DataParallelWrap(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class BufferFingerprint(Event):
     """Buffers of one DDP module at a synchronized training forward (after DDP's broadcast)."""
@@ -239,6 +279,7 @@ class BufferFingerprint(Event):
     fp: list = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class OptimizerInfo(Event):
     """An optimizer's parameters, written at its first step."""
@@ -268,6 +309,7 @@ class OptimizerInfo(Event):
     state_step: Optional[float] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class Step(Event):
     """One optimizer step. ``grads``/``params`` are fingerprints on sampled steps only.
@@ -303,6 +345,7 @@ class Step(Event):
     timing: Optional[list] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class UnchangedWeights(Event):
     """Parameters an optimizer step left bit-for-bit unchanged although they had a non-zero gradient
@@ -325,6 +368,7 @@ class UnchangedWeights(Event):
     grad_rms_median: Optional[float] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DDPUsage(Event):
     """Which parameters of one DDP module got no gradient, per synchronized iteration.
@@ -346,6 +390,7 @@ class DDPUsage(Event):
 
 # -- data -------------------------------------------------------------------------------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class LoaderPass(Event):
     """One part of one rank's pass (epoch) over one DataLoader.
@@ -391,6 +436,7 @@ class LoaderPass(Event):
     dataset_digest: Optional[str] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ContentPass(Event):
     """Fingerprints of the samples one rank fed in one pass, written in parts as it goes.
@@ -444,6 +490,7 @@ class ContentPass(Event):
 
 # -- collectives --------------------------------------------------------------------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class Collective(Event):
     """A user-level torch.distributed call. ``group``: None for the world group, else its ranks.
@@ -517,6 +564,7 @@ INTERNAL_PHASES = tuple(p.value for p in InternalPhase)
 DDP_PHASE_WORDS = {p.value: p.words for p in InternalPhase if p.is_ddp}
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class InternalCollectives(Event):
     """Collectives on the world group that a library issued without a traced torch.distributed call.
@@ -540,6 +588,7 @@ class InternalCollectives(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class JoinEvent(Event):
     kind: ClassVar[str] = "join"
@@ -549,6 +598,7 @@ class JoinEvent(Event):
 
 # -- checkpoints --------------------------------------------------------------------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class Save(Event):
     kind: ClassVar[str] = "save"
@@ -565,6 +615,7 @@ class Save(Event):
     done: bool = True
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class Load(Event):
     kind: ClassVar[str] = "load"
@@ -577,6 +628,7 @@ class Load(Event):
     module_prefix: bool = False
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DistributedCheckpoint(Event):
     kind: ClassVar[str] = "dcp"
@@ -587,6 +639,7 @@ class DistributedCheckpoint(Event):
 
 # -- environment and the smoke test ---------------------------------------------------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class RankEnvironment(Event):
     """What a rank runs on, recorded at start-up without initializing CUDA (that would poison a later
@@ -607,6 +660,7 @@ class RankEnvironment(Event):
     variables: dict = field(default_factory=dict)  # NCCL_*, CUDA_VISIBLE_DEVICES, MASTER_ADDR...
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class RankDevices(Event):
     """The GPUs a rank saw and the one it used, written when the script ends, only if the script
@@ -619,6 +673,7 @@ class RankDevices(Event):
     driver_version: Optional[str] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class CollectiveBenchmark(Event):
     """One rank's timings of the reference job's collective sweep. ``rows``: [{op, bytes, time_us}],
@@ -636,6 +691,7 @@ class CollectiveBenchmark(Event):
 
 # -- training configuration: config-sync, optimizer-params, causes of divergence --------------------
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ConfigState(Event):
     """What must agree across ranks for the steps of one optimizer, written when its digest
@@ -659,6 +715,7 @@ class ConfigState(Event):
     scale: Optional[float] = None
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ModeChange(Event):
     """``Module.train()``/``eval()`` changed a module's mode: once per call site, mode and module.
@@ -673,6 +730,7 @@ class ModeChange(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ParamGroupsWrite(Event):
     """An optimizer's hyperparameters changed before its step ``n``: once per optimizer, keys and
@@ -689,6 +747,7 @@ class ParamGroupsWrite(Event):
     sites: list = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class ModuleConversion(Event):
     """A DDP module (or a module inside one) converted or moved after wrapping: ``method`` of
@@ -709,6 +768,7 @@ class ModuleConversion(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DDPRewrap(Event):
     """DistributedDataParallel constructed (as DDP module ``ddp``) around a module that DDP module
@@ -719,6 +779,7 @@ class DDPRewrap(Event):
     previous: int = 0
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class DDPBypass(Event):
     """A forward of the wrapped module with gradients enabled that did not go through its DDP
@@ -731,6 +792,7 @@ class DDPBypass(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class Unfrozen(Event):
     """Parameters that were frozen when DDP module ``ddp`` was built, made trainable again:
@@ -743,6 +805,7 @@ class Unfrozen(Event):
     site: Site = field(default_factory=list)
 
 
+@register_event
 @dataclass(kw_only=True, slots=True)
 class CommHook(Event):
     """A communication hook registered on a DDP module (``register_comm_hook``)."""
@@ -752,20 +815,6 @@ class CommHook(Event):
     name: str = ""
     module: str = ""
     site: Site = field(default_factory=list)
-
-
-EVENT_KINDS: dict[str, type[Event]] = {
-    cls.kind: cls
-    for cls in (ProcessStart, InitProcessGroup, DestroyProcessGroup, ExceptionEvent, SysExit, Exit, ProbeError, RunCut,
-                DeviceSimulation,
-                DDPWrap, DataParallelWrap, BufferFingerprint, OptimizerInfo, Step, UnchangedWeights, DDPUsage,
-                LoaderPass, Collective,
-                InternalCollectives, JoinEvent, Save,
-                Load, DistributedCheckpoint,
-                RankEnvironment, RankDevices, CollectiveBenchmark,
-                ContentPass,
-                ConfigState, ModeChange, ParamGroupsWrite, ModuleConversion, DDPRewrap, DDPBypass, Unfrozen, CommHook)
-}
 
 
 @functools.cache
@@ -810,23 +859,3 @@ def event_from_json(data: dict, *, owned: bool = False) -> Event:
     return cls(**values)
 
 
-EventT = TypeVar("EventT", bound=type[Event])
-
-
-def register_event(cls: EventT) -> EventT:
-    """Make a plugin's own event kind load typed, not as an :class:`UnknownEvent` (a class decorator).
-
-    ``cls`` is a ``@dataclass(kw_only=True, slots=True)`` subclass of :class:`Event` naming its own
-    ``kind``, namespaced with a dot ("myplugin.thing") so it can never collide with a built-in kind.
-    """
-    if not (isinstance(cls, type) and issubclass(cls, Event) and dataclasses.is_dataclass(cls)):
-        raise TypeError(f"{cls!r} is not a dataclass subclass of ddpdoctor's Event")
-    kind = cls.__dict__.get("kind")
-    if not isinstance(kind, str) or "." not in kind.strip("."):
-        raise ValueError(f"{cls.__qualname__} needs its own namespaced kind, e.g. kind: ClassVar[str] = "
-                         f"\"myplugin.thing\" (got {kind!r})")
-    if kind in EVENT_KINDS:
-        taken = EVENT_KINDS[kind]
-        raise ValueError(f"event kind {kind!r} is already registered by {taken.__module__}.{taken.__qualname__}")
-    EVENT_KINDS[kind] = cls
-    return cls
