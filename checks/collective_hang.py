@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Any, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location, RUN, POSTMORTEM
+from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, RUN, POSTMORTEM,
+                                    Severity, evidence_field)
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure
+from ddpdoctor.analysis.symptoms import CollectivesUnmatched, FailureKind, HangKind, IterationsUneven, RankFailed
+from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
 from ddpdoctor.analysis.collective_trace import Mismatch, RankTrace, TraceEntry
 from ddpdoctor.schema.observations import StopSnapshot
@@ -66,6 +69,113 @@ Call every collective on every rank, in the same order, with the same shapes. Ru
 ranks (sharded) or keep rank-0-only code free of collectives; broadcast decisions such as early
 stopping so every rank acts on them together.
 """
+
+
+@dataclass(frozen=True)
+class NoProgress(EvidenceRecord, CollectivesUnmatched):
+    """No rank made progress, but not every rank waits in a collective: not proven to be a hang."""
+
+    discriminator = {"kind": HangKind.NO_PROGRESS.value}
+    kind: str = evidence_field(hidden=True, default=HangKind.NO_PROGRESS)
+    threshold_s: Optional[float] = evidence_field(hidden=True, keep_none=True)
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)  # rank -> its state
+    sequence: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    group: Optional[list[int]] = evidence_field(keep_none=True)
+
+
+@dataclass(frozen=True)
+class Hung(EvidenceRecord, CollectivesUnmatched):
+    """The job hung: every rank still running waits for its peers. The fields from ``timeout_s`` to
+    ``never_called_by`` only where the watchdog's dumps show ranks that never arrived."""
+
+    discriminator = {"kind": HangKind.HANG.value}
+    kind: str = evidence_field(hidden=True, default=HangKind.HANG)
+    threshold_s: Optional[float] = evidence_field(hidden=True, keep_none=True)
+    timeout_s: Optional[float] = evidence_field(label="timeout", unit="s", default=ABSENT)
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)  # rank -> its state
+    culprit: Optional[int] = evidence_field(hidden=True, default=ABSENT)
+    called_by: Optional[list[int]] = evidence_field(label="called by", unit="ranks", default=ABSENT)
+    never_called_by: Optional[list[int]] = evidence_field(label="never called by", unit="ranks", default=ABSENT)
+    first_divergence: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    sequence: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    group: Optional[list[int]] = evidence_field(keep_none=True)
+    culprit_phase: Optional[str] = evidence_field(hidden=True, keep_none=True)
+    timeline: dict[str, dict[str, str]] = evidence_field(hidden=True, default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Orphaned(EvidenceRecord, CollectivesUnmatched):
+    """A rank died in a collective its peers never called. The ``rank_only`` fields where DDP's own
+    collectives from one line (a forward through the wrapper) ran on some ranks only."""
+
+    discriminator = {"kind": HangKind.ORPHAN.value}
+    kind: str = evidence_field(hidden=True, default=HangKind.ORPHAN)
+    sequence: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    called_by: list[int] = evidence_field(label="called by", unit="ranks", default_factory=list)
+    never_called_by: list[int] = evidence_field(label="never called by", unit="ranks", default_factory=list)
+    site: Any = evidence_field(hidden=True, keep_none=True)
+    culprit_phase: Optional[str] = evidence_field(hidden=True, keep_none=True)
+    rank_only: Optional[str] = evidence_field(hidden=True, default=ABSENT)
+    never_ran: list[int] = evidence_field(label="never ran it", unit="ranks", default=ABSENT)
+    collectives_from_line: dict[str, int] = evidence_field(label="collectives from that line", default=ABSENT)
+
+
+@dataclass(frozen=True)
+class Mismatched(EvidenceRecord, CollectivesUnmatched):
+    """At one sequence number the ranks called different collectives, or with different tensors."""
+
+    discriminator = {"kind": HangKind.MISMATCH.value}
+    kind: str = evidence_field(hidden=True, default=HangKind.MISMATCH)
+    sequence: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    culprit: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    culprit_phase: Optional[str] = evidence_field(hidden=True, keep_none=True)
+    group: Optional[list[int]] = evidence_field(keep_none=True)
+    calls: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)  # rank -> its call
+    rank_only: Optional[str] = evidence_field(hidden=True, default=ABSENT)
+    never_ran: list[int] = evidence_field(label="never ran it", unit="ranks", default=ABSENT)
+    collectives_from_line: dict[str, int] = evidence_field(label="collectives from that line", default=ABSENT)
+
+
+@dataclass(frozen=True)
+class Stalled(EvidenceRecord):
+    """A stall that resolved by itself (not a hang, no collective unmatched): where each rank was."""
+
+    discriminator = {"kind": HangKind.STALL.value}
+    kind: str = evidence_field(hidden=True, default=HangKind.STALL)
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)
+
+
+def _diverged(finding: Finding) -> bool:
+    return finding.severity == Severity.ERROR and isinstance(finding.evidence, CollectivesUnmatched)
+
+
+def _follows_the_divergence(symptom: Finding, cause: Finding) -> bool:
+    """Batch counts that differ by control flow (or for no known reason), or a rank failure inside the
+    collective whose calls differ (gloo raises at once on a size mismatch), or only with a peer's
+    symptom (connection closed) once the ranks diverged, or gloo aborting it on a collective mismatch
+    (its own output says so; a killed rank records no number of the collective it died in)."""
+    failed, hang = symptom.evidence, cause.evidence
+    if isinstance(failed, IterationsUneven):
+        return failed.cause in ("control-flow", "unknown")
+    if not isinstance(failed, RankFailed) or not isinstance(hang, CollectivesUnmatched):
+        return False
+    sequence = hang.sequence
+    aborted = failed.error_code == COLLECTIVE_MISMATCH
+    return bool(failed.secondary_only) or (aborted and sequence is not None) or (
+        sequence is not None and failed.seq is not None and failed.seq >= sequence)
+
+
+def _stopped_by_timeout(symptom: Finding, _cause: Finding) -> bool:
+    return isinstance(symptom.evidence, RankFailed) and symptom.evidence.kind == FailureKind.TIMEOUT
+
+
+EXPLAINS = (
+    # Ranks took different collectives: the batch counts they reached differ as a result.
+    Explains("collectives diverged", _follows_the_divergence, cause=_diverged, priority=90),
+    # The ranks were stuck in mismatched or partnerless collectives when --timeout expired: the stop
+    # is the hang's consequence, not a second fault (a job merely slow keeps its timeout finding).
+    Explains("a hang outlasted --timeout", _stopped_by_timeout, cause=_diverged, priority=110),
+)
 
 
 def _describe(entry: Optional[TraceEntry]) -> str:
@@ -185,9 +295,8 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                      f"in a collective, so this is not proven to be a hang{detail}"),
             fix=("If a rank was legitimately busy (a large checkpoint, slow storage), raise --hang-timeout; otherwise "
                  "the stacks show where each rank was stuck."),
-            evidence={"kind": "no-progress", "threshold_s": stop.threshold_s, "ranks": states,
-                      "sequence": None if mismatch is None else mismatch.n,
-                      "group": None if mismatch is None or mismatch.group is None else list(mismatch.group)})
+            evidence=NoProgress(threshold_s=stop.threshold_s, ranks=states,
+                                sequence=None if mismatch is None else mismatch.n, group=_group(mismatch)))
     timed_out = timed_out_ranks(stop) if evidence.post_mortem and others else []
     if timed_out:  # the watchdog's dumps: the others' collective timed out while these ranks were elsewhere
         return _never_arrived_finding(evidence, stop, states, timed_out, others, mismatch,
@@ -198,12 +307,11 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
         check=ID, severity="error", ranks=tuple(sorted(int(r) for r in states)), location=location, message=message,
         fix=("Make every rank call the same collectives in the same order: move collectives out of rank-specific "
              "branches (e.g. `if rank == 0:`), or broadcast the decision (early stop, skip) so all ranks take it."),
-        evidence={"kind": "hang", "threshold_s": stop.threshold_s, "ranks": states,
-                  "first_divergence": None if mismatch is None or mismatch.group else mismatch.n,
-                  "sequence": None if mismatch is None else mismatch.n,
-                  "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
-                  "culprit_phase": None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
-                  "timeline": _timeline(evidence.facts.world_traces, center)},
+        evidence=Hung(threshold_s=stop.threshold_s, ranks=states,
+                      first_divergence=None if mismatch is None or mismatch.group else mismatch.n,
+                      sequence=None if mismatch is None else mismatch.n, group=_group(mismatch),
+                      culprit_phase=None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
+                      timeline=_timeline(evidence.facts.world_traces, center)),
     )
 
 
@@ -226,14 +334,18 @@ def _never_arrived_finding(evidence: Evidence, stop: StopSnapshot, states: dict[
              "loop that never ends, or work far slower than on the other ranks. If that work is legitimately long "
              "(a checkpoint, an evaluation on one rank), make every rank wait for it in a collective with a longer "
              "timeout (init_process_group(timeout=...), or a barrier with one)."),
-        evidence={"kind": "hang", "threshold_s": timeout, "timeout_s": timeout, "ranks": states,
-                  "culprit": stuck[0], "called_by": timed_out, "never_called_by": stuck,
-                  "first_divergence": None if mismatch is None or mismatch.group else mismatch.n,
-                  "sequence": None if mismatch is None else mismatch.n,
-                  "group": None if mismatch is None or mismatch.group is None else list(mismatch.group),
-                  "culprit_phase": None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
-                  "timeline": _timeline(evidence.facts.world_traces, _center(evidence, mismatch))},
+        evidence=Hung(threshold_s=timeout, timeout_s=timeout, ranks=states, culprit=stuck[0], called_by=timed_out,
+                      never_called_by=stuck,
+                      first_divergence=None if mismatch is None or mismatch.group else mismatch.n,
+                      sequence=None if mismatch is None else mismatch.n, group=_group(mismatch),
+                      culprit_phase=None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
+                      timeline=_timeline(evidence.facts.world_traces, _center(evidence, mismatch))),
     )
+
+
+def _group(mismatch: Optional[Mismatch]) -> Optional[list[int]]:
+    """The subgroup whose members disagree, or None (the world group, or no divergence found)."""
+    return None if mismatch is None or mismatch.group is None else list(mismatch.group)
 
 
 def _center(evidence: Evidence, mismatch: Optional[Mismatch]) -> int:
@@ -316,9 +428,8 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
         return None
     culprit = mismatch.culprit()
     how = "; ".join(_how_it_failed(f) for f in aborted + failed_in_it)
-    evidence_out = {"kind": "orphan", "sequence": mismatch.n, "called_by": sorted(present),
-                    "never_called_by": mismatch.absent, "site": present[culprit].site,
-                    "culprit_phase": present[culprit].phase}
+    evidence_out = Orphaned(sequence=mismatch.n, called_by=sorted(present), never_called_by=mismatch.absent,
+                            site=present[culprit].site, culprit_phase=present[culprit].phase)
     fix = ("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
            "decision so all ranks take it.")
     message = (f"{fmt_ranks(present)} {_verb(present[culprit])} {_describe(present[culprit])} (collective "
@@ -331,7 +442,8 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
         message = (f"{rank_only.ran} that {fmt_ranks(rank_only.others)} never ran: {_RANK_ONLY_WHY[rank_only.phase]}, "
                    f"a collective the other ranks pair with their own, {met}; then {how[:400]}")
         fix = _RANK_ONLY_FIX[rank_only.phase]
-        evidence_out.update(rank_only.evidence)
+        evidence_out = replace(evidence_out, rank_only=rank_only.phase, never_ran=rank_only.others,
+                               collectives_from_line=rank_only.counts)
     return Finding(check=ID, severity="error", ranks=tuple(sorted(present) + mismatch.absent),
                    location=Location.from_site(present[culprit].site), message=message, fix=fix,
                    evidence=evidence_out)
@@ -382,7 +494,7 @@ class _RankOnly:
     phase: str
     ran: str  # "rank 0 ran 2 forwards through the DDP wrapper at train.py:39"
     others: list[int]
-    evidence: dict
+    counts: dict[str, int]  # rank -> collectives it issued from that line
 
 
 def _rank_only(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Optional[_RankOnly]:
@@ -399,7 +511,7 @@ def _rank_only(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Optional[_Ra
     what = one if times == 1 else f"{times} {several}"
     return _RankOnly(phase=entry.phase, others=others,
                      ran=f"rank {culprit} ran {what} at {short_site(Location.from_site(entry.site))}",
-                     evidence={"rank_only": entry.phase, "never_ran": others, "collectives_from_line": counts})
+                     counts=counts)
 
 
 def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Finding:
@@ -408,10 +520,10 @@ def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Findi
     entry = present[culprit]
     at_n = ", ".join(f"rank {r} {_verb(e)} {_describe(e)}" for r, e in sorted(present.items()))
     others = [r for r in sorted(mismatch.calls) if mismatch.counts.get(r, {}).get(entry.line_key(), 0) == 0]
-    evidence = {"kind": "mismatch", "sequence": mismatch.n, "culprit": culprit, "culprit_phase": entry.phase,
-                "group": list(mismatch.group) if mismatch.group else None,
-                "calls": {str(r): {"op": e.op, "phase": e.phase, "tensors": e.tensors, "site": e.site}
-                          for r, e in sorted(present.items())}}
+    evidence = Mismatched(sequence=mismatch.n, culprit=culprit, culprit_phase=entry.phase,
+                          group=list(mismatch.group) if mismatch.group else None,
+                          calls={str(r): {"op": e.op, "phase": e.phase, "tensors": e.tensors, "site": e.site}
+                                 for r, e in sorted(present.items())})
     fix = "Call the same collective with tensors of the same shape and dtype on every rank."
     rank_only = _rank_only(mismatch, traces)
     if rank_only is not None:
@@ -419,7 +531,8 @@ def _mismatch_finding(mismatch: Mismatch, traces: dict[int, RankTrace]) -> Findi
                    f"a collective the other ranks pair with their own, so from collective #{mismatch.n} on every "
                    f"collective is paired with a different one ({at_n})")
         fix = _RANK_ONLY_FIX[rank_only.phase]
-        evidence.update(rank_only.evidence)
+        evidence = replace(evidence, rank_only=rank_only.phase, never_ran=rank_only.others,
+                           collectives_from_line=rank_only.counts)
     else:
         message = f"collective #{mismatch.n}{_on_group(mismatch)} differs across ranks: {at_n}"
         if others:
@@ -442,8 +555,8 @@ def _stall_finding(evidence: Evidence) -> Optional[Finding]:
                    message=f"no rank made progress for {seconds:.0f}s while {'; '.join(busy) or 'ranks were busy'}; "
                            "the job then went on (not a hang)",
                    fix="Nothing to do; a long stall in one rank makes the others wait, which costs time.",
-                   evidence={"kind": "stall", "ranks": {str(r): {"state": s.state, "waiting_in": s.waiting_in}
-                                                        for r, s in sorted(stall.ranks.items())}})
+                   evidence=Stalled(ranks={str(r): {"state": s.state, "waiting_in": s.waiting_in}
+                                           for r, s in sorted(stall.ranks.items())}))
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -469,4 +582,5 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS, order=60, probes=('collectives', 'watchdog', 'flight-recorder', 'flight-recorder-missing'),
+              evidence=(NoProgress, Hung, Orphaned, Mismatched, Stalled), explains=EXPLAINS,
               sources=frozenset({RUN, POSTMORTEM}))

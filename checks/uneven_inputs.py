@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
+                                    evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.symptoms import CollectivesUnmatched, HangKind, IterationsUneven, RankFailed
 from ddpdoctor.schema.events import JoinEvent, LoaderPass
 
 from . import _frameworks as frameworks
@@ -43,6 +46,64 @@ with Join([model]):
 or give every rank the same number of batches: `DistributedSampler` (pads to equal size) or
 `drop_last=True`.
 """
+
+
+@dataclass(frozen=True)
+class Joined(EvidenceRecord, IterationsUneven):
+    """Batch counts that differ inside Join, which handles them."""
+
+    batches: dict[str, int] = evidence_field(label="batches per rank", default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Uneven(EvidenceRecord, IterationsUneven):
+    """Ranks ran different numbers of batches or DDP iterations, and why (``cause``)."""
+
+    cause: Optional[str] = evidence_field()  # "data", "control-flow", "unknown"
+    pass_: Optional[int] = evidence_field(label="pass", key="pass")  # the training pass (0-based), 0 for whole-run counts
+    loader: Optional[str] = evidence_field(label="loader")  # or "optimizer steps", "DDP iterations"
+    batches: dict[str, int] = evidence_field(label="batches per rank", default_factory=dict)
+    ddp_iterations: dict[str, int] = evidence_field(default_factory=dict)
+    outcome: Optional[str] = evidence_field()  # the run's Outcome
+    num_uneven_passes: Optional[int] = evidence_field(label="uneven passes")
+
+
+def _uneven(finding: Finding) -> bool:
+    return finding.severity == Severity.ERROR and isinstance(finding.evidence, Uneven)
+
+
+def _ran_out_of_data(finding: Finding) -> bool:
+    return _uneven(finding) and finding.evidence.cause == "data"
+
+
+def _peer_symptom(symptom: Finding) -> bool:
+    """A rank that failed only with a peer's symptom (connection closed): another rank left first."""
+    return isinstance(symptom.evidence, RankFailed) and bool(symptom.evidence.secondary_only)
+
+
+def _left_waiting(symptom: Finding, _cause: Finding) -> bool:
+    """The peer of a rank that ran out of data waits (a hang), fails when it leaves, or is left alone
+    in DDP's collectives for the batches it still has."""
+    hang = symptom.evidence
+    return _peer_symptom(symptom) or (isinstance(hang, CollectivesUnmatched)
+                                      and (hang.kind == HangKind.HANG or hang.in_ddp_internals()))
+
+
+def _left_alone_in_ddp(symptom: Finding, _cause: Finding) -> bool:
+    """DDP's own collectives for the iterations the others still run find no partner (no traced
+    call of the user's is involved), or a peer fails when the short rank leaves."""
+    hang = symptom.evidence
+    return _peer_symptom(symptom) or (isinstance(hang, CollectivesUnmatched) and hang.in_ddp_internals())
+
+
+EXPLAINS = (
+    # A rank ran out of data: its peer waits (hang), fails when it leaves (connection closed), or is
+    # left alone in DDP's collectives for the batches it still has.
+    Explains("a rank ran out of data", _left_waiting, cause=_ran_out_of_data, priority=70),
+    # A rank left its training loop early (a `break` on one rank): DDP's own collectives for the
+    # iterations the others still run find no partner. No traced call of the user's is involved.
+    Explains("ranks ran different numbers of iterations", _left_alone_in_ddp, cause=_uneven, priority=80),
+)
 
 
 def _cause(per_rank: dict[int, LoaderPass], counts: dict[int, int]) -> str:
@@ -134,7 +195,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary="uneven inputs handled by Join", findings=[Finding(
             check=ID, severity="info", ranks=ranks, location=Location.from_site(site),
             message=f"ranks ran different numbers of batches ({_counts(counts)}) inside Join, which handles it",
-            fix="Nothing to do.", evidence={"batches": {str(r): c for r, c in sorted(counts.items())}})])
+            fix="Nothing to do.", evidence=Joined(batches={str(r): c for r, c in sorted(counts.items())}))])
     cause = _cause(per_rank, counts)
     if cause == "unknown" and stop is not None and stop.reason in ("hang", "no-progress"):
         # No loader pass tells why: the counts differ because ddpdoctor stopped the ranks mid-way
@@ -162,10 +223,10 @@ def analyze(evidence: Evidence) -> CheckResult:
                "`with torch.distributed.algorithms.join.Join([model]):`.")
     finding = Finding(
         check=ID, severity="error", ranks=ranks, location=Location.from_site(site), message=message, fix=fix,
-        evidence={"cause": cause, "pass": key[1], "loader": key[0],
-                  "batches": {str(r): c for r, c in sorted(counts.items())},
-                  "ddp_iterations": {str(r): c for r, c in sorted((backwards or {}).items())},
-                  "outcome": evidence.outcome, "num_uneven_passes": len(uneven)},
+        evidence=Uneven(cause=cause, pass_=key[1], loader=key[0],
+                        batches={str(r): c for r, c in sorted(counts.items())},
+                        ddp_iterations={str(r): c for r, c in sorted((backwards or {}).items())},
+                        outcome=evidence.outcome, num_uneven_passes=len(uneven)),
     )
     return CheckResult(findings=[finding], summary=f"uneven step counts ({fmt_ranks(ranks)})")
 
@@ -174,4 +235,5 @@ def _counts(counts: dict[int, int]) -> str:
     return ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
 
 
-CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS, order=70, probes=('ddp', 'optimizer', 'data', 'join'))
+CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS, order=70, probes=('ddp', 'optimizer', 'data', 'join'),
+              evidence=(Joined, Uneven), explains=EXPLAINS)

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional
 
 from ddpdoctor.analysis.api import Explains, Finding
-from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 
 __all__ = ["Rule", "rules_of", "installed_rules", "link"]
 
@@ -55,29 +54,6 @@ def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
     return lambda finding, _cause: predicate(finding)
 
 
-def _failure_in_the_mismatched_collective(finding: Finding, cause: Finding) -> bool:
-    """A rank failed inside the collective whose calls differ (gloo raises at once on a size
-    mismatch), or only with a peer's symptom (connection closed) once the ranks diverged, or gloo
-    aborted it on a collective mismatch (its own output says so; a killed rank records no number of
-    the collective it died in)."""
-    if finding.check != "rank-failure":
-        return False
-    sequence = cause.evidence.get("sequence")
-    aborted = (finding.evidence.get("decoded") or {}).get("code") == COLLECTIVE_MISMATCH
-    return bool(finding.evidence.get("secondary_only")) or (aborted and sequence is not None) or (
-        sequence is not None and finding.evidence.get("seq") is not None and finding.evidence["seq"] >= sequence)
-
-
-def _ddp_collectives_unmatched(finding: Finding) -> bool:
-    """collective-hang about DDP's own collectives (a gradient all-reduce some ranks never issued),
-    not about a call in the user's code."""
-    return str(finding.evidence.get("culprit_phase") or "").startswith("ddp-")
-
-
-def _peer_symptom(finding: Finding, _cause: Finding) -> bool:
-    return finding.check == "rank-failure" and bool(finding.evidence.get("secondary_only"))
-
-
 def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
     """NCCL's "Duplicate GPU detected" crash (or a peer's failure after it) when ranks share a GPU."""
     decoded = finding.evidence.get("decoded") or {}
@@ -90,18 +66,6 @@ def _crash_in_the_raced_read(finding: Finding, cause: Finding) -> bool:
     return (finding.check == "rank-failure" and cause.evidence.get("reader") is not None
             and finding.evidence.get("rank") == cause.evidence.get("reader")
             and (bool(cause.evidence.get("read_error")) or finding.location == cause.location))
-
-
-def _index_overlap(finding: Finding) -> bool:
-    return (finding.check == "sampler-disjoint" and finding.severity in ("error", "warning")
-            and finding.evidence.get("basis", "indices") == "indices")
-
-
-def _same_overlap_by_content(finding: Finding, cause: Finding) -> bool:
-    """The samples' fingerprints show the overlap the sampler indices already showed (same loader)."""
-    return (finding.check == "sampler-disjoint" and finding.evidence.get("basis") == "content"
-            and (finding.evidence.get("loader") == cause.evidence.get("loader")
-                 or finding.evidence.get("source") == "forward"))
 
 
 def _follows_config(finding: Finding, cause: Finding) -> bool:
@@ -133,28 +97,9 @@ _LEGACY_RULES: list[Rule] = [
     # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
     Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
          _symptom("buffer-sync", broadcast_buffers=True), priority=60),
-    # A rank ran out of data: its peer waits (hang), fails when it leaves (connection closed), or is
-    # left alone in DDP's collectives for the batches it still has.
-    Rule("a rank ran out of data", _is("uneven-inputs", severities=("error",), cause="data"),
-         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and (
-             f.evidence.get("kind") == "hang" or _ddp_collectives_unmatched(f))), priority=70),
-    # A rank left its training loop early (a `break` on one rank): DDP's own collectives for the
-    # iterations the others still run find no partner. No traced call of the user's is involved.
-    Rule("ranks ran different numbers of iterations", _is("uneven-inputs", severities=("error",)),
-         lambda f, c: _peer_symptom(f, c) or (f.check == "collective-hang" and _ddp_collectives_unmatched(f)), priority=80),
-    # Ranks took different collectives: the batch counts they reached differ as a result.
-    Rule("collectives diverged", _is("collective-hang", severities=("error",)),
-         lambda f, c: (f.check == "uneven-inputs" and f.evidence.get("cause") in ("control-flow", "unknown"))
-         or _failure_in_the_mismatched_collective(f, c), priority=90),
     # A rank read a checkpoint another rank was still writing, and died loading the torn file.
     Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),
          _crash_in_the_raced_read, priority=100),
-    # The ranks were stuck in mismatched or partnerless collectives when --timeout expired: the stop
-    # is the hang's consequence, not a second fault (a job merely slow keeps its timeout finding).
-    Rule("a hang outlasted --timeout", _is("collective-hang", severities=("error",)),
-         lambda f, _c: f.check == "rank-failure" and f.evidence.get("kind") == "timeout", priority=110),
-    # Overlapping sampler indices: the overlapping sample content is the same bug, seen again.
-    Rule("index overlap seen in content", _index_overlap, _same_overlap_by_content, priority=130),
 ]
 
 
