@@ -17,7 +17,7 @@ from ddpdoctor.plugins import CHECKS_GROUP as GROUP
 from ddpdoctor.plugins import DISABLE_PLUGINS_ENV, is_builtin, plugins_disabled
 from ddpdoctor.plugins import entry_points as _declared
 
-__all__ = ["GROUP", "DISABLE_PLUGINS_ENV", "LoadedCheck", "load_checks", "find_check", "is_builtin", "plugins_disabled"]
+__all__ = ["GROUP", "DISABLE_PLUGINS_ENV", "LoadedCheck", "load_checks", "checks_for", "find_check", "is_builtin", "plugins_disabled"]
 
 
 def entry_points(group: str) -> list[EntryPoint]:
@@ -76,6 +76,11 @@ def _load(ep: EntryPoint) -> LoadedCheck:
 def _order(loaded: LoadedCheck) -> tuple[int, str]:
     """Each check's declared order (built-ins first), then its id; a broken plugin's at the end."""
     return (loaded.check.order if loaded.check is not None else 10**6, loaded.id)
+
+
+def checks_for(source: str) -> list[LoadedCheck]:
+    """The checks that can judge ``source`` (api.RUN, api.ENVIRONMENT, api.POSTMORTEM), as each declares."""
+    return [c for c in load_checks() if c.check is not None and source in c.check.sources]
 
 
 def find_check(check_id: str) -> Optional[LoadedCheck]:

@@ -17,18 +17,18 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from ddpdoctor import __version__
 from ddpdoctor.analysis.evidence import no_cyclic_gc
-from ddpdoctor.analysis.registry import load_checks
+from ddpdoctor.analysis.api import POSTMORTEM
+from ddpdoctor.analysis.registry import checks_for
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import analyze as run_checks
 from ddpdoctor.analysis.runner import select_checks
 from ddpdoctor.analysis.suppression import scan_files
+from ddpdoctor.analysis.symptoms import RankFailed
 from ddpdoctor.postmortem.to_evidence import PostMortem, load
 from ddpdoctor.supervisor.hang import classify
 
-__all__ = ["POSTMORTEM_CHECKS", "PostMortemReport", "analyze"]
-
-POSTMORTEM_CHECKS = ("collective-hang", "rank-failure")
+__all__ = ["PostMortemReport", "analyze"]
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PostMortemReport:
         """What the inputs could not show, and torchrun's root cause when it named a victim."""
         notes = list(self.postmortem.notes)
         named = self.postmortem.torchrun_root_cause
-        failure = next((f for f in self.report.findings if f.check == "rank-failure"), None)
+        failure = next((f for f in self.report.findings if isinstance(f.evidence, RankFailed)), None)
         if named is not None and (failure is None or named not in failure.ranks):
             cause = f"the cause is rank {', '.join(map(str, failure.ranks))}" if failure and failure.ranks else \
                 "the findings below name the cause"
@@ -76,7 +76,7 @@ def _pool() -> Iterator[Optional[Callable]]:
 
 def _report(paths: list[str], postmortem: PostMortem, *, started: float, select: Iterable[str],
             ignore: Iterable[str]) -> PostMortemReport:
-    checks = select_checks([c for c in load_checks() if c.id in POSTMORTEM_CHECKS], tuple(select), tuple(ignore))
+    checks = select_checks(checks_for(POSTMORTEM), tuple(select), tuple(ignore))
     evidence = postmortem.evidence
     sites = {id(site): site for rank_evidence in evidence.ranks.values() for event in rank_evidence.events
              if (site := getattr(event, "site", None))}  # shared lists: each distinct site once

@@ -167,7 +167,7 @@ def env(**given: Any) -> int:
     try:
         config = RunConfig(script=env_job_script(),
                            nproc_per_node=given["nproc_per_node"] or _reference_nproc(nnodes), nnodes=nnodes,
-                           timeout_s=values["env_timeout_s"], select=("env-consistency", "rank-failure"),
+                           timeout_s=values["env_timeout_s"], select=_environment_checks(),
                            show_output=not (to_stdout or markdown))
     except ValueError as exc:
         raise UsageProblem(str(exc)) from None
@@ -323,3 +323,11 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def _looks_like_script_option(args: list[str]) -> bool:
     return any(not a.startswith("-") for a in args[1:])
+
+
+def _environment_checks() -> tuple[str, ...]:
+    """The checks that judge the env command's environment job, as each declares (Check.sources)."""
+    from ddpdoctor.analysis.api import ENVIRONMENT
+    from ddpdoctor.analysis.registry import checks_for
+
+    return tuple(c.id for c in checks_for(ENVIRONMENT))

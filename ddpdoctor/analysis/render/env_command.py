@@ -126,9 +126,9 @@ def environment_markdown(report: Optional[Report], system: dict, *, problem: Opt
                 f"`{name}={sorted({str(e.get('variables', {}).get(name)) for e in report.environment})[0]}`"
                 if len({str(e.get("variables", {}).get(name)) for e in report.environment}) == 1
                 else f"`{name}` (differs across ranks)" for name in variables)]
-        verdicts = [f"{c.id}: {c.summary}" for c in report.checks if c.id == "env-consistency"]
+        verdicts = [f"{c.id}: {c.summary}" for c in report.checks if c.status != "skip"]
         if verdicts:
-            lines += ["", f"- {verdicts[0]}"]
+            lines += [""] + [f"- {verdict}" for verdict in verdicts]
     if problem:
         lines += ["", f"- The ranks could not report their own environment: {problem}"]
     lines += ["", "</details>", ""]
