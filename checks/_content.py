@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional
 
 from ddpdoctor.analysis import content
-from ddpdoctor.analysis.api import Finding, Location
+from ddpdoctor.analysis.api import EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.content import Overlap, Stream
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.index_sets import distinct_indices, overlap
+from ddpdoctor.analysis.symptoms import EpochNotSet, SamplesOverlap
 from ddpdoctor.schema.events import ContentPass, LoaderPass
-
-SAMPLER_ID = "sampler-disjoint"
-SET_EPOCH_ID = "set-epoch"
+from ddpdoctor.schema.findings import ABSENT
 
 _FIX_ITERABLE = ("Shard the stream by rank and by worker: in `__iter__`, keep every (world_size * num_workers)-th "
                  "sample starting at rank * num_workers + worker_id (rank from dist.get_rank(), worker from "
@@ -43,6 +43,165 @@ _FIX_INDEX = ("Make the dataset's `__getitem__(index)` return the sample at `ind
 _FIX_MADE = ("Draw the inputs the script makes (noise, synthetic batches) per rank: from a `torch.Generator` seeded "
              "with seed + rank, or seed each rank's global generator with seed + rank after the model is built "
              "and wrapped (so the replicas still start equal).")
+
+
+# The evidence of the findings made here. The overlap statistics (content.Overlap.as_evidence) and the
+# order statistics (content.Order.as_evidence) are fields of their own, in the order those give them.
+
+@dataclass(frozen=True)
+class LoaderOverlap(EvidenceRecord, SamplesOverlap):
+    """A training loader pass whose samples several ranks fed, by their fingerprints."""
+
+    discriminator = {"basis": "content", "source": "loader"}
+    basis: str = evidence_field(hidden=True, default="content")
+    source: str = evidence_field(hidden=True, default="loader")
+    loader: str = evidence_field(label="loader", default="")
+    pass_: int = evidence_field(label="pass", key="pass", default=0)
+    epoch: Optional[int] = evidence_field(keep_none=True)
+    dataset_type: str = evidence_field(default="")
+    iterable: bool = evidence_field(default=False)
+    num_workers: int = evidence_field(default=0)
+    indices: str = evidence_field(default="none")  # what the sample positions say (_index_view)
+    forward_overlap: Optional[bool] = evidence_field(keep_none=True)
+    world_size: int = evidence_field(label="world size", default=0)
+    overlap_fraction: float = evidence_field(default=0.0)
+    expected_fraction: float = evidence_field(default=0.0)
+    num_shared: int = evidence_field(default=0)
+    overlap_per_rank: dict[str, float] = evidence_field(default_factory=dict)
+    duplicate_rate: dict[str, float] = evidence_field(default_factory=dict)
+    rows_compared: dict[str, int] = evidence_field(default_factory=dict)
+    sampling_level: int = evidence_field(default=0)
+    shared_order_correlation: float = evidence_field(default=ABSENT)  # an IterableDataset's: content.Order
+    shared_rows_ordered: int = evidence_field(default=ABSENT)
+    order_ranks: list[int] = evidence_field(default=ABSENT)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class RandomDraws(EvidenceRecord, SamplesOverlap):
+    """An IterableDataset whose ranks each draw a random sample of one pool: overlap by chance."""
+
+    discriminator = {"basis": "content", "kind": "random-draws"}
+    basis: str = evidence_field(hidden=True, default="content")
+    source: str = evidence_field(hidden=True, default="loader")
+    kind: str = evidence_field(hidden=True, default="random-draws")
+    loader: str = evidence_field(label="loader", default="")
+    pass_: int = evidence_field(label="pass", key="pass", default=0)
+    epoch: Optional[int] = evidence_field(keep_none=True)
+    dataset_type: str = evidence_field(default="")
+    iterable: bool = evidence_field(default=True)
+    num_workers: int = evidence_field(default=0)
+    pool_estimate: Optional[int] = evidence_field(keep_none=True)
+    overlap_fraction: float = evidence_field(default=0.0)
+    expected_fraction: float = evidence_field(default=0.0)
+    num_shared: int = evidence_field(default=0)
+    overlap_per_rank: dict[str, float] = evidence_field(default_factory=dict)
+    duplicate_rate: dict[str, float] = evidence_field(default_factory=dict)
+    rows_compared: dict[str, int] = evidence_field(default_factory=dict)
+    sampling_level: int = evidence_field(default=0)
+    shared_order_correlation: float = evidence_field(default=0.0)
+    shared_rows_ordered: int = evidence_field(default=0)
+    order_ranks: list[int] = evidence_field(default_factory=list)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class EvaluationOverlap(EvidenceRecord, SamplesOverlap):
+    """An evaluation pass every rank fed whole, or with padding duplicates at its tail."""
+
+    discriminator = {"basis": "content", "source": "loader"}
+    basis: str = evidence_field(hidden=True, default="content")
+    source: str = evidence_field(hidden=True, default="loader")
+    loader: str = evidence_field(label="loader", default="")
+    pass_: int = evidence_field(label="pass", key="pass", default=0)
+    dataset_type: str = evidence_field(default="")
+    overlap_fraction: float = evidence_field(default=0.0)
+    expected_fraction: float = evidence_field(default=0.0)
+    num_shared: int = evidence_field(default=0)
+    overlap_per_rank: dict[str, float] = evidence_field(default_factory=dict)
+    duplicate_rate: dict[str, float] = evidence_field(default_factory=dict)
+    rows_compared: dict[str, int] = evidence_field(default_factory=dict)
+    sampling_level: int = evidence_field(default=0)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class ForwardOverlap(EvidenceRecord, SamplesOverlap):
+    """A window of DDP forwards whose inputs several ranks fed, by their fingerprints."""
+
+    discriminator = {"basis": "content", "source": "forward"}
+    basis: str = evidence_field(hidden=True, default="content")
+    source: str = evidence_field(hidden=True, default="forward")
+    loader: Optional[str] = evidence_field(label="loader", keep_none=True)
+    module: str = evidence_field(default="")
+    window: int = evidence_field(default=0)
+    forwards_per_rank: dict[str, int] = evidence_field(default_factory=dict)
+    world_size: int = evidence_field(label="world size", default=0)
+    overlap_fraction: float = evidence_field(default=0.0)
+    expected_fraction: float = evidence_field(default=0.0)
+    num_shared: int = evidence_field(default=0)
+    overlap_per_rank: dict[str, float] = evidence_field(default_factory=dict)
+    duplicate_rate: dict[str, float] = evidence_field(default_factory=dict)
+    rows_compared: dict[str, int] = evidence_field(default_factory=dict)
+    sampling_level: int = evidence_field(default=0)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class SameStep(EvidenceRecord, SamplesOverlap):
+    """Identical batches fed to a DDP module at the same training forwards on several ranks."""
+
+    discriminator = {"basis": "content", "kind": "same-step"}
+    basis: str = evidence_field(hidden=True, default="content")
+    source: str = evidence_field(hidden=True, default="forward")
+    kind: str = evidence_field(hidden=True, default="same-step")
+    module: str = evidence_field(default="")
+    loader: Optional[str] = evidence_field(label="loader", keep_none=True)
+    made_in_script: bool = evidence_field(default=False)
+    indices: Optional[str] = evidence_field(keep_none=True)
+    identical_forwards: int = evidence_field(default=0)
+    forwards_compared: int = evidence_field(default=0)
+    first_identical_forward: int = evidence_field(default=0)
+    trained: bool = evidence_field(default=False)
+    also_modules: list[str] = evidence_field(default=ABSENT)  # other DDP modules fed identically (_one_per_job)
+
+
+@dataclass(frozen=True)
+class IdenticalSamples(EvidenceRecord, SamplesOverlap):
+    """Identical batches from disjoint positions of one dataset: the dataset's samples are alike."""
+
+    discriminator = {"basis": "content", "kind": "identical-samples"}
+    basis: str = evidence_field(hidden=True, default="content")
+    source: str = evidence_field(hidden=True, default="forward")
+    kind: str = evidence_field(hidden=True, default="identical-samples")
+    module: str = evidence_field(default="")
+    loader: Optional[str] = evidence_field(label="loader", keep_none=True)
+    made_in_script: bool = evidence_field(default=False)
+    identical_forwards: int = evidence_field(default=0)
+    forwards_compared: int = evidence_field(default=0)
+    first_identical_forward: int = evidence_field(default=0)
+    indices: str = evidence_field(default="disjoint")
+    trained: bool = evidence_field(default=True)
+    also_modules: list[str] = evidence_field(default=ABSENT)
+
+
+# sampler-disjoint's evidence from content, most specific first (a saved report is read back as the first it matches).
+OVERLAP_EVIDENCE = (SameStep, IdenticalSamples, RandomDraws, ForwardOverlap, EvaluationOverlap, LoaderOverlap)
+
+
+@dataclass(frozen=True)
+class StreamOrderRepeated(EvidenceRecord, EpochNotSet):
+    """An IterableDataset's training passes that repeat the previous pass's samples in the same order."""
+
+    discriminator = {"basis": "content"}
+    basis: str = evidence_field(hidden=True, default="content")
+    loader: str = evidence_field(label="loader", default="")
+    dataset_type: str = evidence_field(default="")
+    set_epoch_method: Optional[bool] = evidence_field(keep_none=True)
+    dataset_epochs: list[Optional[int]] = evidence_field(default_factory=list)
+    declares_shuffle: Optional[bool] = evidence_field(keep_none=True)
+    repeated_passes: dict[str, list[list[int]]] = evidence_field(label="same order as an earlier pass",
+                                                                 unit="pass-pairs", default_factory=dict)
 
 
 def _purpose(events: list, ddp_job: bool) -> str:
@@ -122,7 +281,7 @@ def _iterable_why(event: ContentPass, order: Optional[content.Order], whole_pool
     return why
 
 
-def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap, *, view: str,
+def _loader_finding(check: str, key: str, number: int, streams: dict[int, Stream], result: Overlap, *, view: str,
                     confirmed: Optional[bool], world_size: int, order: Optional[content.Order] = None) -> Finding:
     event = content.first(streams)
     source = f"the training DataLoader over {event.dataset_type}"
@@ -143,18 +302,18 @@ def _loader_finding(key: str, number: int, streams: dict[int, Stream], result: O
     trained = any(s.event.steps > 0 for s in streams.values())
     verb = "trained on" if trained else "fed to DDP (no optimizer step followed)"
     return Finding(
-        check=SAMPLER_ID, severity="error" if trained else "info", ranks=result.ranks,
+        check=check, severity="error" if trained else "info", ranks=result.ranks,
         location=Location.from_site(event.site),
         message=(f"{pct} of the samples each rank {verb} in pass {number} of {source} were also fed to "
                  f"another rank (chance would give {100 * result.expected:.1f}%): {why}"),
         fix=fix,
-        evidence={"basis": "content", "source": "loader", "loader": key, "pass": number, "epoch": event.epoch,
-                  "dataset_type": event.dataset_type, "iterable": event.iterable, "num_workers": event.num_workers,
-                  "indices": view, "forward_overlap": confirmed, "world_size": world_size, **result.as_evidence(),
-                  **(order.as_evidence() if order is not None else {})})
+        evidence=LoaderOverlap(loader=key, pass_=number, epoch=event.epoch, dataset_type=event.dataset_type,
+                               iterable=event.iterable, num_workers=event.num_workers, indices=view,
+                               forward_overlap=confirmed, world_size=world_size, **result.as_evidence(),
+                               **(order.as_evidence() if order is not None else {})))
 
 
-def _random_draws_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap,
+def _random_draws_finding(check: str, key: str, number: int, streams: dict[int, Stream], result: Overlap,
                           order: content.Order) -> Finding:
     """Info: an IterableDataset whose ranks share rows in unrelated orders, without reading the whole
     stream: each rank draws its own random sample from one pool (a stream shuffled with a seed that
@@ -164,7 +323,7 @@ def _random_draws_finding(key: str, number: int, streams: dict[int, Stream], res
     pool = content.pool_size(streams, result)
     pct = f"{100 * result.fraction:.0f}%"
     return Finding(
-        check=SAMPLER_ID, severity="info", ranks=result.ranks, location=Location.from_site(event.site),
+        check=check, severity="info", ranks=result.ranks, location=Location.from_site(event.site),
         message=(f"{pct} of the samples each rank trained on in pass {number} of the training DataLoader over "
                  f"{event.dataset_type} (an IterableDataset) were also fed to another rank, in unrelated orders: "
                  "each rank draws its own random sample from one pool"
@@ -172,27 +331,25 @@ def _random_draws_finding(key: str, number: int, streams: dict[int, Stream], res
                  + ", which overlap this much by chance; random sampling, not a partition of the data"),
         fix=("Nothing to do if each rank is meant to sample at random (seeded by rank). For disjoint shards, keep "
              "every (world_size * num_workers)-th sample in `__iter__`, starting at rank * num_workers + worker_id."),
-        evidence={"basis": "content", "source": "loader", "kind": "random-draws", "loader": key, "pass": number,
-                  "epoch": event.epoch, "dataset_type": event.dataset_type, "iterable": True,
-                  "num_workers": event.num_workers, "pool_estimate": pool, **result.as_evidence(),
-                  **order.as_evidence()})
+        evidence=RandomDraws(loader=key, pass_=number, epoch=event.epoch, dataset_type=event.dataset_type,
+                             num_workers=event.num_workers, pool_estimate=pool, **result.as_evidence(),
+                             **order.as_evidence()))
 
 
-def _eval_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap) -> Optional[Finding]:
+def _eval_finding(check: str, key: str, number: int, streams: dict[int, Stream], result: Overlap) -> Optional[Finding]:
     """An evaluation pass without indices: every rank evaluated everything (info), or padding
     duplicates at the tail that summed metrics count twice (warning)."""
     event = content.first(streams)
     location = Location.from_site(event.site)
-    base = {"basis": "content", "source": "loader", "loader": key, "pass": number, "dataset_type": event.dataset_type,
-            **result.as_evidence()}
+    base = EvaluationOverlap(loader=key, pass_=number, dataset_type=event.dataset_type, **result.as_evidence())
     if result.judged and min(result.per_rank.values()) >= 0.9:
-        return Finding(check=SAMPLER_ID, severity="info", ranks=result.ranks, location=location, evidence=base,
+        return Finding(check=check, severity="info", ranks=result.ranks, location=location, evidence=base,
                        message=(f"every rank fed the same samples through the evaluation DataLoader over "
                                 f"{event.dataset_type} (pass {number}): the evaluation is repeated on each rank "
                                 "rather than sharded"),
                        fix="Shard evaluation by rank and all_reduce the metric sums, or evaluate on rank 0 only.")
     if content.looks_like_padding(streams, result):
-        return Finding(check=SAMPLER_ID, severity="warning", ranks=result.ranks, location=location, evidence=base,
+        return Finding(check=check, severity="warning", ranks=result.ranks, location=location, evidence=base,
                        message=(f"{result.num_shared} samples of the evaluation DataLoader over {event.dataset_type} "
                                 f"were fed on two ranks at the end of pass {number} (padding duplicates): metrics "
                                 "summed across ranks count them twice"),
@@ -201,24 +358,24 @@ def _eval_finding(key: str, number: int, streams: dict[int, Stream], result: Ove
     return None
 
 
-def _forward_finding(key: str, number: int, streams: dict[int, Stream], result: Overlap,
+def _forward_finding(check: str, key: str, number: int, streams: dict[int, Stream], result: Overlap,
                      world_size: int) -> Finding:
     trained = any(s.event.steps > 0 for s in streams.values())
     event = content.first(streams)
     return Finding(
-        check=SAMPLER_ID, severity="error" if trained else "info", ranks=result.ranks,
+        check=check, severity="error" if trained else "info", ranks=result.ranks,
         location=Location.from_site(event.site),
         message=(f"{100 * result.fraction:.0f}% of the samples each rank fed to DDP ({key}, forward input, window "
                  f"{number}) were also fed to another rank (chance would give {100 * result.expected:.1f}%): "
                  + ("the ranks train on the same batches" if trained
                     else "no optimizer step followed, so nothing was trained on them (a test or a benchmark?)")),
         fix=_FIX_FORWARD if trained else "Nothing to do if every rank is meant to see the same input.",
-        evidence={"basis": "content", "source": "forward", "loader": None, "module": key, "window": number,
-                  "forwards_per_rank": {str(r): s.event.num_batches for r, s in sorted(streams.items())},
-                  "world_size": world_size, **result.as_evidence()})
+        evidence=ForwardOverlap(module=key, window=number,
+                                forwards_per_rank={str(r): s.event.num_batches for r, s in sorted(streams.items())},
+                                world_size=world_size, **result.as_evidence()))
 
 
-def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
+def _same_step_findings(check: str, evidence: Evidence) -> dict[str, Finding]:
     """DDP module -> a finding when ranks fed it identical batches at the same training forward:
     the same batch at the same step, whatever produced it (a hand-written loader given the same
     offset on every rank, the same seed everywhere), however few rows a batch has."""
@@ -256,7 +413,7 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
         made = all(per_rank[r][f].startswith("s:") for f in same for r in ranks if f in per_rank[r])
         disjoint = not made and _feeding_disjoint(evidence, involved)
         if disjoint and trained and _rows_repeat(evidence, involved, ranks):
-            found[key] = _identical_samples_finding(key, loader, site, same, len(common), ranks)
+            found[key] = _identical_samples_finding(check, key, loader, site, same, len(common), ranks)
             continue
         what = "inputs" if made else "batches"
         if made and loader:
@@ -269,7 +426,7 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
                 ", although its sampler gave the ranks disjoint positions of one dataset: the dataset's items do "
                 "not follow the index they are asked for" if disjoint else "")
         found[key] = Finding(
-            check=SAMPLER_ID, severity="error" if trained else "info", ranks=tuple(sorted(ranks)),
+            check=check, severity="error" if trained else "info", ranks=tuple(sorted(ranks)),
             location=Location.from_site(site),
             message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical {what} to DDP at {len(same)} of "
                      f"{len(common)} training forwards (the same {'input' if made else 'batch'} at the same step)"
@@ -278,11 +435,9 @@ def _same_step_findings(evidence: Evidence) -> dict[str, Finding]:
                              "benchmark?)") + source),
             fix=(_FIX_MADE if made and loader else _FIX_INDEX if disjoint else _FIX_FORWARD) if trained
             else "Nothing to do if every rank is meant to see the same input.",
-            evidence={"basis": "content", "source": "forward", "kind": "same-step", "module": key,
-                      "loader": None if made else loader, "made_in_script": made,
-                      "indices": "disjoint" if disjoint else None,
-                      "identical_forwards": len(same), "forwards_compared": len(common),
-                      "first_identical_forward": same[0], "trained": trained})
+            evidence=SameStep(module=key, loader=None if made else loader, made_in_script=made,
+                              indices="disjoint" if disjoint else None, identical_forwards=len(same),
+                              forwards_compared=len(common), first_identical_forward=same[0], trained=trained))
     return _one_per_job(found)
 
 
@@ -320,20 +475,18 @@ def _rows_repeat(evidence: Evidence, involved: list, ranks: set[int]) -> bool:
     return True
 
 
-def _identical_samples_finding(key: str, loader: Optional[str], site: list, same: list[int], num_common: int,
+def _identical_samples_finding(check: str, key: str, loader: Optional[str], site: list, same: list[int], num_common: int,
                                ranks: set[int]) -> Finding:
     num_same = len(same)
     where = f"the DataLoader at {loader.rsplit('/', 1)[-1]}" if loader else "the DataLoader"
     return Finding(
-        check=SAMPLER_ID, severity="info", ranks=tuple(sorted(ranks)), location=Location.from_site(site),
+        check=check, severity="info", ranks=tuple(sorted(ranks)), location=Location.from_site(site),
         message=(f"ranks {', '.join(map(str, sorted(ranks)))} fed identical batches to DDP at {num_same} of "
                  f"{num_common} training forwards, but {where} gave them disjoint samples of one dataset: the "
                  "dataset holds identical samples (a synthetic or constant dataset?), not a sharding bug"),
         fix="Nothing to do for a smoke test on synthetic data; real data will differ by sample.",
-        evidence={"basis": "content", "source": "forward", "kind": "identical-samples", "module": key,
-                  "loader": loader, "made_in_script": False, "identical_forwards": num_same,
-                  "forwards_compared": num_common, "first_identical_forward": same[0], "indices": "disjoint",
-                  "trained": True})
+        evidence=IdenticalSamples(module=key, loader=loader, identical_forwards=num_same,
+                                  forwards_compared=num_common, first_identical_forward=same[0]))
 
 
 def _one_per_job(found: dict[str, Finding]) -> dict[str, Finding]:
@@ -341,22 +494,22 @@ def _one_per_job(found: dict[str, Finding]) -> dict[str, Finding]:
     the generator's identical output): the first module's finding, naming the others, for every key."""
     if len(found) < 2:
         return found
-    keys = sorted(found, key=lambda k: (found[k].severity != "error", found[k].evidence["first_identical_forward"], k))
+    keys = sorted(found, key=lambda k: (found[k].severity != "error", found[k].evidence.first_identical_forward, k))
     first, others = found[keys[0]], [found[k] for k in keys[1:]]
     head = dataclasses.replace(
         first, ranks=tuple(sorted({r for f in found.values() for r in f.ranks})),
         message=first.message + "; identical at the same steps too: " + ", ".join(
-            f"DDP module {f.evidence['module']}" + (f" (line {f.location.line})" if f.location and f.location.line
-                                                     else "") for f in others),
-        evidence={**first.evidence, "also_modules": [f.evidence["module"] for f in others]})
+            f"DDP module {f.evidence.module}" + (f" (line {f.location.line})" if f.location and f.location.line
+                                                  else "") for f in others),
+        evidence=dataclasses.replace(first.evidence, also_modules=[f.evidence.module for f in others]))
     return {k: head for k in found}
 
 
-def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
-    """sampler-disjoint findings from content (one per loader or DDP module: its first affected
-    pass, with the count), and the number of passes compared."""
+def overlap_findings(check: str, evidence: Evidence) -> tuple[list[Finding], int]:
+    """sampler-disjoint's findings (``check``: its id) from content, one per loader or DDP module: its
+    first affected pass, with the count; and the number of passes compared."""
     ddp_job = bool(evidence.facts.ddp_wraps)
-    same_step = _same_step_findings(evidence)
+    same_step = _same_step_findings(check, evidence)
     first: dict[tuple, Finding] = {}
     affected: Counter = Counter()
     num_compared = 0
@@ -370,7 +523,7 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
         finding = None
         if source == "forward":
             if result.significant and key not in same_step:
-                finding = _forward_finding(key, number, streams, result, evidence.world_size)
+                finding = _forward_finding(check, key, number, streams, result, evidence.world_size)
         else:
             purpose = _purpose([s.event for s in streams.values()], ddp_job)
             if purpose == "training" and result.significant and not content.looks_like_padding(streams, result):
@@ -379,27 +532,27 @@ def overlap_findings(evidence: Evidence) -> tuple[list[Finding], int]:
                     view = _index_view(evidence, key, number)
                     order = content.shared_order(streams, result.level) if content.first(streams).iterable else None
                     if order is not None and not order.aligned and not content.read_whole_pool(streams, result):
-                        finding = _random_draws_finding(key, number, streams, result, order)
+                        finding = _random_draws_finding(check, key, number, streams, result, order)
                     else:
-                        finding = _loader_finding(key, number, streams, result, view=view, confirmed=confirmed,
+                        finding = _loader_finding(check, key, number, streams, result, view=view, confirmed=confirmed,
                                                   world_size=evidence.world_size, order=order)
             elif (purpose == "evaluation" and result.shared
                   and (not _indexed(evidence, key, number) or _rank_local_pass(evidence, key, number))):
-                finding = _eval_finding(key, number, streams, result)
+                finding = _eval_finding(check, key, number, streams, result)
         if finding is not None:
             slot = (source, key, finding.severity)
             affected[slot] += 1
             first.setdefault(slot, finding)
-    for slot, finding in first.items():
-        finding.evidence["num_passes_affected"] = affected[slot]
-    loaders = {f.evidence.get("loader") for f in first.values() if f.evidence.get("source") == "loader"}
+    counted = [dataclasses.replace(f, evidence=dataclasses.replace(f.evidence, num_passes_affected=affected[slot]))
+               for slot, f in first.items()]
+    loaders = {f.evidence.loader for f in counted if f.evidence.source == "loader"}
     extra = list({id(f): f for f in same_step.values()
-                  if f.evidence["loader"] is None or f.evidence["loader"] not in loaders}.values())
-    return list(first.values()) + extra, num_compared + len(same_step)
+                  if f.evidence.loader is None or f.evidence.loader not in loaders}.values())
+    return counted + extra, num_compared + len(same_step)
 
 
-def repeated_order_findings(evidence: Evidence) -> list[Finding]:
-    """set-epoch from content: an IterableDataset's training passes that repeat the previous pass's
+def repeated_order_findings(check: str, evidence: Evidence) -> list[Finding]:
+    """set-epoch's findings (``check``: its id) from content: an IterableDataset's training passes that repeat the previous pass's
     samples in the same order. A warning where the dataset shows it means to reshuffle (it defines
     set_epoch but its epoch never moved, or it says it shuffles); a fixed order may be intended
     otherwise (a stream in its natural order): info."""
@@ -441,10 +594,10 @@ def repeated_order_findings(evidence: Evidence) -> list[Finding]:
                    "DistributedSampler has) that shuffles its shard list with `random.Random(seed + epoch)`, and "
                    "call it before each epoch.")
         findings.append(Finding(
-            check=SET_EPOCH_ID, severity="warning" if intent else "info", ranks=tuple(stale),
+            check=check, severity="warning" if intent else "info", ranks=tuple(stale),
             location=Location.from_site(event.site), message=message, fix=fix,
-            evidence={"basis": "content", "loader": key, "dataset_type": event.dataset_type,
-                      "set_epoch_method": event.set_epoch_method, "dataset_epochs": epochs,
-                      "declares_shuffle": event.declares_shuffle,
-                      "repeated_passes": {str(r): [list(p) for p in repeats[r]] for r in stale}}))
+            evidence=StreamOrderRepeated(loader=key, dataset_type=event.dataset_type,
+                                         set_epoch_method=event.set_epoch_method, dataset_epochs=epochs,
+                                         declares_shuffle=event.declares_shuffle,
+                                         repeated_passes={str(r): [list(p) for p in repeats[r]] for r in stale})))
     return findings

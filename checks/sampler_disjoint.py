@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap, repeat_count
+from ddpdoctor.analysis.symptoms import SamplesOverlap
 from ddpdoctor.schema.events import LoaderPass, SamplerInfo
+from ddpdoctor.schema.findings import ABSENT
 
 from ._common import fmt_ranks
-from ._content import overlap_findings, rank_local
+from ._content import OVERLAP_EVIDENCE, overlap_findings, rank_local
 
 ID = "sampler-disjoint"
 
@@ -99,6 +103,82 @@ loader = DataLoader(dataset, batch_size=64, sampler=sampler)
 _NOT_A_BUG = ("random-draws", "repetition", "identical-samples")
 
 
+@dataclass(frozen=True)
+class _IndexPass(EvidenceRecord, SamplesOverlap):
+    """One loader pass as the sampler indices show it: what every index finding starts with."""
+
+    basis: ClassVar[str] = "indices"  # not written: a finding without a basis is about the indices
+    loader: str = evidence_field(label="loader", default="")
+    pass_: int = evidence_field(label="pass", key="pass", default=0)
+    sampler: Optional[str] = evidence_field(keep_none=True)
+    batch_sampler: Optional[str] = evidence_field(keep_none=True)
+    dataset_len: Optional[int] = evidence_field(keep_none=True)
+    population: Optional[int] = evidence_field(keep_none=True)
+    samples_per_rank: dict[str, Optional[int]] = evidence_field(default_factory=dict)
+    epoch: Optional[int] = evidence_field(keep_none=True)
+
+
+@dataclass(frozen=True)
+class Repetition(_IndexPass):
+    """A sampler that knows the ranks draws every sample several times on purpose (repeated augmentation)."""
+
+    discriminator = {"kind": "repetition"}
+    kind: str = evidence_field(hidden=True, default="repetition")
+    num_shared: int = evidence_field(default=0)
+    repeats: int = evidence_field(default=0)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class SharedSamples(_IndexPass):
+    """Samples drawn by more than one rank in one pass."""
+
+    num_shared: int = evidence_field(default=0)
+    shared_examples: list[int] = evidence_field(default_factory=list)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class PaddingDuplicates(_IndexPass):
+    """The sampler's padding: a few samples repeated so that every rank gets the same count."""
+
+    num_padding_duplicates: int = evidence_field(label="padding duplicates", default=0)
+    padding_examples: list[int] = evidence_field(label="examples", default_factory=list)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class UnseenSamples(_IndexPass):
+    """Samples of the population no rank drew in a complete pass."""
+
+    num_unseen: int = evidence_field(label="samples no rank drew", default=0)
+    expected_unseen: int = evidence_field(label="expected", default=0)
+    sampler_num_replicas: Optional[int] = evidence_field(label="sampler num_replicas", keep_none=True)
+    world_size: int = evidence_field(label="world size", default=0)
+    num_passes_affected: int = evidence_field(default=ABSENT)
+
+
+_INDEX_EVIDENCE = (Repetition, SharedSamples, PaddingDuplicates, UnseenSamples)
+
+
+def _index_overlap(finding: Finding) -> bool:
+    """An overlap (or a gap) the sampler indices show, worth a warning or an error."""
+    return finding.severity in ("error", "warning") and isinstance(finding.evidence, _INDEX_EVIDENCE)
+
+
+def _same_overlap_by_content(symptom: Finding, cause: Finding) -> bool:
+    """The samples' fingerprints show the overlap the sampler indices already showed (same loader)."""
+    seen = symptom.evidence
+    return (isinstance(seen, SamplesOverlap) and seen.basis == "content"
+            and (seen.loader == cause.evidence.loader or seen.source == "forward"))
+
+
+EXPLAINS = (
+    # Overlapping sampler indices: the overlapping sample content is the same bug, seen again.
+    Explains("index overlap seen in content", _same_overlap_by_content, cause=_index_overlap, priority=130),
+)
+
+
 def _expected_padding(sampler: SamplerInfo, population: int) -> int:
     if sampler.distributed and not sampler.drop_last and sampler.total_size:
         return max(0, sampler.total_size - population)
@@ -161,7 +241,7 @@ def _repetition_finding(key: tuple[str, int], events: dict[int, LoaderPass], rep
     sampler = events[min(events)].sampler
     return Finding(
         check=ID, severity="info", ranks=ranks, location=Location.from_site(events[min(events)].site),
-        evidence={**base, "kind": "repetition", "num_shared": shared, "repeats": repeats},
+        evidence=Repetition(**base, num_shared=shared, repeats=repeats),
         message=(f"{sampler.type} draws every sample {repeats} times across the {len(events)} ranks on purpose "
                  f"(repeated augmentation): it knows the ranks (num_replicas={sampler.num_replicas} and each "
                  f"rank's own rank), so {shared} of {population} samples of the training DataLoader were drawn by "
@@ -211,10 +291,9 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     shared = drawn_sets.shared
     location = Location.from_site(any_event.site)
     loader_name = f"the {'training' if is_train else 'evaluation'} DataLoader"
-    base = {"loader": key[0], "pass": key[1], "sampler": sampler.type, "batch_sampler": sampler.batch_sampler,
-            "dataset_len": dataset_len, "population": sampler.population,
-            "samples_per_rank": {str(r): e.num_samples for r, e in sorted(events.items())},
-            "epoch": sampler.epoch}
+    base = dict(loader=key[0], pass_=key[1], sampler=sampler.type, batch_sampler=sampler.batch_sampler,
+                dataset_len=dataset_len, population=sampler.population,
+                samples_per_rank={str(r): e.num_samples for r, e in sorted(events.items())}, epoch=sampler.epoch)
     ranks = tuple(sorted(per_rank))
     # What the sampler draws from: a sampler over a fold of the dataset covers the fold only.
     population = sampler.population if sampler.population is not None else dataset_len
@@ -225,7 +304,7 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
         repeats = _deliberate_repeats(events, world_size) if is_train else None
         if repeats is not None:
             return _repetition_finding(key, events, repeats, len(shared), population, base, ranks)
-        evidence = {**base, "num_shared": len(shared), "shared_examples": shared[:10].tolist()}
+        evidence = SharedSamples(**base, num_shared=len(shared), shared_examples=shared[:10].tolist())
         if not is_train and everyone_everything:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
                            message=(f"every rank iterated all {drawn_sets.union} samples of {loader_name} (pass {key[1]}): "
@@ -238,7 +317,7 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
                                 f"rank in pass {key[1]} (sampler {_sampler_name(sampler)})"),
                        fix=_fix_for(sampler, world_size))
     if len(shared):
-        evidence = {**base, "num_padding_duplicates": len(shared), "padding_examples": shared[:10].tolist()}
+        evidence = PaddingDuplicates(**base, num_padding_duplicates=len(shared), padding_examples=shared[:10].tolist())
         who = "DistributedSampler" if sampler.distributed and not wraparound else f"the sampler ({_sampler_name(sampler)})"
         if is_train:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
@@ -264,8 +343,8 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
         if unseen > allowed:
             severity = "error" if unseen > population // 4 else "warning"
             return Finding(check=ID, severity=severity, ranks=ranks, location=location,
-                           evidence={**base, "num_unseen": unseen, "expected_unseen": allowed,
-                                     "sampler_num_replicas": sampler.num_replicas, "world_size": world_size},
+                           evidence=UnseenSamples(**base, num_unseen=unseen, expected_unseen=allowed,
+                                                  sampler_num_replicas=sampler.num_replicas, world_size=world_size),
                            message=(f"{unseen} of {population} samples of {loader_name} were drawn by no rank in "
                                     f"pass {key[1]}"),
                            fix=_fix_for(sampler, world_size))
@@ -293,8 +372,8 @@ def _index_findings(evidence: Evidence) -> tuple[list[Finding], dict, int]:
         first_per_loader.setdefault(slot, finding)
     findings = []
     for slot, finding in first_per_loader.items():
-        finding.evidence["num_passes_affected"] = affected[slot]
-        findings.append(finding)
+        counted = dataclasses.replace(finding.evidence, num_passes_affected=affected[slot])
+        findings.append(dataclasses.replace(finding, evidence=counted))
     return findings, comparable, len(local)
 
 
@@ -302,7 +381,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
     findings, comparable, num_local = _index_findings(evidence)
-    content_findings, num_content = overlap_findings(evidence)
+    content_findings, num_content = overlap_findings(ID, evidence)
     findings += content_findings
     if not comparable and not num_content and not findings:
         return CheckResult(summary="no DataLoader pass seen on two ranks" if not num_local else
@@ -316,11 +395,12 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not findings:
         return CheckResult(summary=clean)
     worst = [f for f in findings if f.severity != "info"]
-    notes = [f for f in findings if f.evidence.get("kind") in _NOT_A_BUG]
+    notes = [f for f in findings if getattr(f.evidence, "kind", None) in _NOT_A_BUG]
     if notes and not worst:  # shared samples that are no sharding bug, explained in the findings
         clean = f"{len(comparable) + num_content} passes compared: no sharding bug ({len(notes)} explained overlap(s))"
     summary = (f"overlapping or missing samples in {len(worst)} loader(s)" if worst else clean)
     return CheckResult(findings=findings, summary=summary + (f" ({fmt_ranks(worst[0].ranks)})" if worst else ""))
 
 
-CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS, order=30, probes=('ddp', 'data', 'content'))
+CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS, order=30, probes=('ddp', 'data', 'content'),
+              evidence=(*_INDEX_EVIDENCE, *OVERLAP_EVIDENCE), explains=EXPLAINS)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from dataclasses import dataclass
+from typing import Optional
+
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.symptoms import EpochNotSet
 from ddpdoctor.schema.events import LoaderPass
 
 from ._common import fmt_ranks
-from ._content import repeated_order_findings
+from ._content import StreamOrderRepeated, repeated_order_findings
 
 ID = "set-epoch"
 
@@ -44,6 +48,15 @@ for epoch in range(epochs):
 """
 
 
+@dataclass(frozen=True)
+class SamplerEpochRepeated(EvidenceRecord, EpochNotSet):
+    """A shuffling DistributedSampler iterated in several training passes with the same epoch."""
+
+    loader: str = evidence_field(label="loader", default="")  # the loader and its dataset's length
+    sampler_epochs: list[Optional[int]] = evidence_field(label="sampler epoch in each pass", default_factory=list)
+    identical_order: bool = evidence_field(label="same order every pass", default=False)
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     passes: dict[tuple[int, str], dict[int, LoaderPass]] = {}  # (rank, loader|dataset size) -> pass number -> event
     for (loader, number), per_rank in evidence.facts.loader_passes.items():
@@ -53,7 +66,7 @@ def analyze(evidence: Evidence) -> CheckResult:
             if sampler.distributed and sampler.shuffle and event.steps > 0:
                 passes.setdefault((rank, f"{loader}|{event.dataset_len}"), {})[number] = event
     multi = {k: [v[n] for n in sorted(v)] for k, v in passes.items() if len(v) >= 2}
-    streams = repeated_order_findings(evidence)
+    streams = repeated_order_findings(ID, evidence)
     if not multi and streams:
         ranks = sorted({r for f in streams for r in f.ranks})
         return CheckResult(findings=streams, summary=f"stream repeats its order every epoch ({fmt_ranks(ranks)})")
@@ -80,11 +93,12 @@ def analyze(evidence: Evidence) -> CheckResult:
                      "epoch sees the same order and every rank the same shard"),
             fix="Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the DataLoader.",
             ranks=tuple(info["ranks"]), location=Location.from_site(info["site"]),
-            evidence={"loader": loader, "sampler_epochs": epochs, "identical_order": same_order},
+            evidence=SamplerEpochRepeated(loader=loader, sampler_epochs=epochs, identical_order=same_order),
         ))
     findings += streams
     ranks = sorted({r for f in findings for r in f.ranks})
     return CheckResult(findings=findings, summary=f"set_epoch missing ({fmt_ranks(ranks)})")
 
 
-CHECK = Check(id=ID, title="set_epoch every epoch", analyze=analyze, docs=DOCS, order=40, probes=('data', 'content'))
+CHECK = Check(id=ID, title="set_epoch every epoch", analyze=analyze, docs=DOCS, order=40, probes=('data', 'content'),
+              evidence=(StreamOrderRepeated, SamplerEpochRepeated))

@@ -10,6 +10,7 @@ from ddpdoctor.analysis import content
 from ddpdoctor.analysis.causality import link
 from ddpdoctor.checks.sampler_disjoint import analyze as sampler_disjoint
 from ddpdoctor.checks.set_epoch import analyze as set_epoch
+from ddpdoctor.schema.findings import Finding
 
 
 
@@ -142,6 +143,19 @@ def test_evaluation_passes_do_not_raise_errors():
     evidence = make_evidence(2, [ddp_wrap(), content_pass(data, steps=0)])
     (finding,) = sampler_disjoint(evidence).findings
     assert finding.severity == "info" and "evaluation is repeated" in finding.message
+
+
+def test_content_evidence_read_back_from_a_report_keeps_its_type():
+    """A saved report's evidence comes back as the record it was (each shape its own type)."""
+    data = corpus(256)
+    evaluation = make_evidence(2, [ddp_wrap(), content_pass(data, steps=0)])
+    forward = make_evidence(2, [ddp_wrap(), content_pass(data, source="forward", key="ddp0")])
+    training = make_evidence(2, [ddp_wrap(), content_pass(data, dataset_type="DigitStream", num_workers=2)])
+    for evidence in (evaluation, forward, training):
+        (finding,) = sampler_disjoint(evidence).findings
+        back = Finding.from_json(finding.to_json())
+        assert type(back.evidence) is type(finding.evidence)
+        assert list(back.evidence.to_json().items()) == list(finding.evidence.to_json().items())
 
 
 def test_evaluation_padding_at_the_tail_is_a_warning():
