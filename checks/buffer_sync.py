@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.symptoms import BuffersDiffer
 from ddpdoctor.schema.events import BufferFingerprint
 
 from ._common import fmt_ranks
@@ -33,6 +37,18 @@ net = torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)   # statistics over the
 model = DDP(net)                                           # or keep broadcast_buffers=True
 ```
 """
+
+
+@dataclass(frozen=True)
+class BufferDiverged(EvidenceRecord, BuffersDiffer):
+    """The first buffer that differs across ranks, at which training forward, and by how much."""
+
+    buffer: str = evidence_field(label="buffer", unit="code", default="")
+    forward: int = evidence_field(label="training forward", default=0)
+    broadcast_buffers: bool = evidence_field(label="broadcast_buffers", default=True)
+    rank_groups: list[list[int]] = evidence_field(hidden=True, default_factory=list)
+    relative_difference: Optional[float] = evidence_field(label="relative difference", unit="fraction", keep_none=True)
+    fingerprints: dict[str, Any] = evidence_field(hidden=True, default_factory=dict)
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -77,13 +93,15 @@ def analyze(evidence: Evidence) -> CheckResult:
                 fix = "Update buffers identically on every rank, or only inside the module's forward."
             finding = Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks),
                               location=Location.from_site(wrap.site if wrap else None),
-                              evidence={"buffer": name, "forward": forward, "broadcast_buffers": broadcast,
-                                        "rank_groups": groups, "relative_difference": diff,
-                                        "fingerprints": {str(r): v[i] for r, v in sorted(per_rank.items())}})
+                              evidence=BufferDiverged(
+                                  buffer=name, forward=forward, broadcast_buffers=broadcast, rank_groups=groups,
+                                  relative_difference=diff,
+                                  fingerprints={str(r): v[i] for r, v in sorted(per_rank.items())}))
             return CheckResult(findings=[finding], summary=f"`{name}` diverges ({fmt_ranks(ranks)})")
     if compared == 0:
         return CheckResult(summary="no training forward seen on two ranks", applicable=False)
     return CheckResult(summary=f"buffers identical across ranks at {compared} compared forwards")
 
 
-CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS, order=20, probes=('ddp',))
+CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS, order=20, probes=('ddp',),
+              evidence=(BufferDiverged,))
