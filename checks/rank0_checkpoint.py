@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
+                                    evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.symptoms import RankFailed
 from ddpdoctor.schema.events import DistributedCheckpoint, Load, Save
 
 from . import _frameworks as frameworks
@@ -54,6 +58,72 @@ state = torch.load("ckpt.pt", map_location=device)
 """
 
 
+@dataclass(frozen=True)
+class SavedFromWrapper(EvidenceRecord):
+    """A state dict saved from the DDP wrapper (keys start with ``module.``)."""
+
+    path: Optional[str] = evidence_field(keep_none=True)
+
+
+@dataclass(frozen=True)
+class LoadedWithoutMapLocation(EvidenceRecord):
+    """torch.load without map_location while ranks use different GPUs."""
+
+    devices: dict[str, str] = evidence_field(label="devices per rank", default_factory=dict)
+    path: Optional[str] = evidence_field(keep_none=True)
+
+
+@dataclass(frozen=True)
+class SeveralWriters(EvidenceRecord):
+    """One path written by more than one rank."""
+
+    path: Optional[str] = evidence_field(keep_none=True)
+    writes: dict[str, int] = evidence_field(label="saves per rank", default_factory=dict)
+    bytes: Optional[int] = evidence_field(label="size", unit="bytes", keep_none=True)
+
+
+@dataclass(frozen=True)
+class IdenticalCopies(EvidenceRecord):
+    """Every rank saved its own file of identical state."""
+
+    paths: dict[str, str] = evidence_field(label="paths", default_factory=dict)
+    fingerprint: Any = evidence_field(hidden=True)
+
+
+@dataclass(frozen=True)
+class UnorderedRead(EvidenceRecord):
+    """A rank read a file another rank writes, with no collective ordering the read after the write."""
+
+    path: Optional[str] = evidence_field(keep_none=True)
+    writer: Optional[int] = evidence_field(label="writer", unit="rank")
+    reader: Optional[int] = evidence_field(label="reader", unit="rank")
+    writer_collectives_after_write: Optional[int] = evidence_field(label="writer's collectives when the save returned",
+                                                                   keep_none=True)
+    write_finished: Optional[bool] = evidence_field()
+    reader_collectives_before_read: Optional[int] = evidence_field(label="reader's collectives before the load")
+    write_site: Any = evidence_field(label="written at", unit="site", keep_none=True)
+    read_site: Any = evidence_field(label="read at", unit="site", keep_none=True)
+    read_error: Optional[str] = evidence_field(keep_none=True)
+
+
+def _raced_read(finding: Finding) -> bool:
+    return finding.severity == Severity.ERROR and isinstance(finding.evidence, UnorderedRead) \
+        and finding.evidence.reader is not None
+
+
+def _crash_in_the_raced_read(symptom: Finding, cause: Finding) -> bool:
+    """The reader of a file its writer had not finished died in that read (a torn checkpoint)."""
+    failed, race = symptom.evidence, cause.evidence
+    return (isinstance(failed, RankFailed) and isinstance(race, UnorderedRead) and failed.rank == race.reader
+            and (bool(race.read_error) or symptom.location == cause.location))
+
+
+EXPLAINS = (
+    # A rank read a checkpoint another rank was still writing, and died loading the torn file.
+    Explains("a checkpoint read raced its write", _crash_in_the_raced_read, cause=_raced_read, priority=100),
+)
+
+
 def _loc(event):
     return Location.from_site(event.site)
 
@@ -78,8 +148,8 @@ def _multi_writer(evidence: Evidence, by_path) -> list[Finding]:
                 fix=frameworks.fix(evidence, "save", (
                     "Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
                     "node), then dist.barrier() before anyone reads it.")),
-                evidence={"path": path, "writes": {str(r): len(v) for r, v in sorted(per_rank.items())},
-                          "bytes": first.bytes},
+                evidence=SeveralWriters(path=path, writes={str(r): len(v) for r, v in sorted(per_rank.items())},
+                                        bytes=first.bytes),
             ))
     return findings
 
@@ -104,8 +174,8 @@ def _identical_copies(evidence: Evidence, saves: list[tuple[int, Save]], world_s
                 message=(f"every rank saved its own copy of identical state ({len(per_rank)} files, e.g. "
                          f"{first.path}): {len(per_rank)}x the I/O for one checkpoint"),
                 fix=frameworks.fix(evidence, "save", "Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier()."),
-                evidence={"paths": {str(r): e.path for r, e in sorted(per_rank.items())},
-                          "fingerprint": first.fingerprint},
+                evidence=IdenticalCopies(paths={str(r): e.path for r, e in sorted(per_rank.items())},
+                                         fingerprint=first.fingerprint),
             )]
     return []
 
@@ -138,11 +208,11 @@ def _unordered_reads(evidence: Evidence, by_path, loads: list[tuple[int, Load]])
                     message=f"rank {reader} read {load.path} that rank {writer} writes, {what}",
                     fix=frameworks.fix(evidence, "save", "Put a collective between the write and the reads: rank 0 "
                                        "saves, then `dist.barrier()` on every rank, then load."),
-                    evidence={"path": load.path, "writer": writer, "reader": reader,
-                              "writer_collectives_after_write": None if write.seq_end == UNFINISHED else write.seq_end,
-                              "write_finished": write.seq_end != UNFINISHED,
-                              "reader_collectives_before_read": read_at,
-                              "write_site": write.site, "read_site": load.site, "read_error": load.error},
+                    evidence=UnorderedRead(
+                        path=load.path, writer=writer, reader=reader,
+                        writer_collectives_after_write=None if write.seq_end == UNFINISHED else write.seq_end,
+                        write_finished=write.seq_end != UNFINISHED, reader_collectives_before_read=read_at,
+                        write_site=write.site, read_site=load.site, read_error=load.error),
                 )]
     return []
 
@@ -161,7 +231,8 @@ def _map_location(evidence: Evidence, loads: list[tuple[int, Load]]) -> list[Fin
         message=(f"torch.load without map_location on {fmt_ranks(ranks)} while ranks use different GPUs "
                  f"({', '.join(sorted(cuda))}): tensors land on the device they were saved from, usually cuda:0"),
         fix="Pass map_location: `torch.load(path, map_location=f'cuda:{local_rank}')` (or 'cpu').",
-        evidence={"devices": {str(r): d for r, d in sorted(devices.items())}, "path": bare[0][1].path},
+        evidence=LoadedWithoutMapLocation(devices={str(r): d for r, d in sorted(devices.items())},
+                                          path=bare[0][1].path),
     )]
 
 
@@ -176,7 +247,7 @@ def _module_prefix(saves: list[tuple[int, Save]]) -> list[Finding]:
                  "it into an unwrapped model needs the prefix stripped"),
         fix="Save `model.module.state_dict()`, or strip the prefix with "
             "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, 'module.').",
-        evidence={"path": event.path},
+        evidence=SavedFromWrapper(path=event.path),
     )]
 
 
@@ -204,7 +275,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary="no checkpoint saved or loaded", applicable=False)
     by_path = _writers(saves)
     findings = _multi_writer(evidence, by_path)
-    multi_paths = {f.evidence["path"] for f in findings}
+    multi_paths = {path for path, per_rank in by_path.items() if len(per_rank) > 1}
     findings += _identical_copies(evidence, saves, evidence.world_size, multi_paths)
     findings += _unordered_reads(evidence, by_path, loads)
     findings += _map_location(evidence, loads)
@@ -214,4 +285,6 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=findings, summary=("problems: " if bad else "") + summary)
 
 
-CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS, order=80, probes=('collectives', 'checkpoint'))
+CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS, order=80, probes=('collectives', 'checkpoint'),
+              evidence=(SavedFromWrapper, LoadedWithoutMapLocation, SeveralWriters, IdenticalCopies, UnorderedRead),
+              explains=EXPLAINS)

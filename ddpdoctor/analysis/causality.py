@@ -61,13 +61,6 @@ def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
                                                  or bool(finding.evidence.get("secondary_only")))
 
 
-def _crash_in_the_raced_read(finding: Finding, cause: Finding) -> bool:
-    """The reader of a file its writer had not finished died in that read (a torn checkpoint)."""
-    return (finding.check == "rank-failure" and cause.evidence.get("reader") is not None
-            and finding.evidence.get("rank") == cause.evidence.get("reader")
-            and (bool(cause.evidence.get("read_error")) or finding.location == cause.location))
-
-
 def _follows_config(finding: Finding, cause: Finding) -> bool:
     """Replicas that drift apart at or after the step where the ranks' settings first differ (a
     learning rate, a loss scale); with parameters frozen on some ranks only, DDP's missing gradients."""
@@ -97,9 +90,6 @@ _LEGACY_RULES: list[Rule] = [
     # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
     Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
          _symptom("buffer-sync", broadcast_buffers=True), priority=60),
-    # A rank read a checkpoint another rank was still writing, and died loading the torn file.
-    Rule("a checkpoint read raced its write", _is("rank0-checkpoint", severities=("error",)),
-         _crash_in_the_raced_read, priority=100),
 ]
 
 
