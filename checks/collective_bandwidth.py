@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, evidence_field
 from ddpdoctor.analysis.bandwidth import collective_benchmark, peak_busbw
 from ddpdoctor.analysis.evidence import Evidence
 
@@ -37,6 +40,18 @@ InfiniBand devices (`ibstat`), `NCCL_SOCKET_IFNAME`/`NCCL_IB_HCA`, and the slowe
 """
 
 
+@dataclass(frozen=True)
+class BelowMinBusbw(EvidenceRecord):
+    """Operations whose peak bus bandwidth stayed below --min-busbw."""
+
+    discriminator = {"kind": "below-min-busbw"}
+    kind: str = evidence_field(hidden=True, default="below-min-busbw")
+    min_busbw_gbps: Optional[float] = evidence_field(label="required bus bandwidth", unit="gbps")
+    # op -> {busbw_gbps, bytes} at its peak
+    peaks: dict[str, dict[str, Any]] = evidence_field(default_factory=dict, labels={"bytes": "size"})
+    slowest_hosts: list[str] = evidence_field(default_factory=list)
+
+
 def _gbps(value: float) -> str:
     return f"{value:.3g} GB/s"
 
@@ -66,9 +81,10 @@ def analyze(evidence: Evidence) -> CheckResult:
         fix="Run with NCCL_DEBUG=INFO to see the transport NCCL chose (NET/IB vs NET/Socket, P2P/NVLink), check "
             "NCCL_SOCKET_IFNAME / NCCL_IB_HCA and the slowest host's links; or lower --min-busbw if the "
             "expectation was too high for this fabric.",
-        evidence={"kind": "below-min-busbw", "min_busbw_gbps": floor,
-                  "peaks": {op: {"busbw_gbps": row["busbw_gbps"], "bytes": row["bytes"]} for op, row in slow.items()},
-                  "slowest_hosts": hosts})])
+        evidence=BelowMinBusbw(min_busbw_gbps=floor, slowest_hosts=hosts,
+                               peaks={op: {"busbw_gbps": row["busbw_gbps"], "bytes": row["bytes"]}
+                                      for op, row in slow.items()}))])
 
 
-CHECK = Check(id=ID, title="collectives reach the expected bandwidth", analyze=analyze, docs=DOCS, order=120)
+CHECK = Check(id=ID, title="collectives reach the expected bandwidth", analyze=analyze, docs=DOCS, order=120,
+              evidence=(BelowMinBusbw,))
