@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import Divergence
+from ddpdoctor.analysis.symptoms import Divergence as Case
+from ddpdoctor.analysis.symptoms import BuffersDiffer, ReplicasDiverged
+from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.schema.events import (CommHook, Collective, DDPBypass, DDPRewrap, DeviceSimulation,
                                      InitProcessGroup, ModuleConversion, Step, Unfrozen)
 from ddpdoctor.schema.fingerprints import decode_fingerprints
@@ -76,6 +79,109 @@ identically on every rank.
 """
 
 
+@dataclass(frozen=True)
+class Diverged(EvidenceRecord, ReplicasDiverged):
+    """The first step and parameter at which the replicas differ; ``case`` (symptoms.Divergence) says why."""
+
+    case: str = evidence_field(hidden=True, default="")
+    step: Optional[int] = evidence_field(label="optimizer step", keep_none=True)
+    optimizer: int = evidence_field(hidden=True, default=0)
+    parameter: str = evidence_field(label="parameter", unit="code", default="")
+    compared: str = evidence_field(label="compared", unit="grads-or-params", default="grads")
+    rank_groups: list[list[int]] = evidence_field(hidden=True, default_factory=list)
+    fingerprints: dict[str, Any] = evidence_field(hidden=True, default_factory=dict)
+    relative_difference: Optional[float] = evidence_field(label="relative difference", unit="fraction", keep_none=True)
+    # Sampled steps: the replicas diverged after this step (None: at the first compared step).
+    last_identical_step: Optional[int] = evidence_field(keep_none=True)
+
+
+@dataclass(frozen=True)
+class ConvertedAfterWrap(Diverged):
+    """The wrapped model converted or moved after wrapping: each call, where, after which step."""
+
+    discriminator = {"case": Case.CONVERTED_AFTER_WRAP.value}
+    conversions: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{call, at, after_step}]
+
+
+@dataclass(frozen=True)
+class Rewrapped(Diverged):
+    """DDP built again around a module it wraps: both wraps, and the bare module's forward."""
+
+    discriminator = {"case": Case.DDP_REWRAPPED.value}
+    first_wrap: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    wrapped_again: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    bare_forward: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+
+
+@dataclass(frozen=True)
+class ChangedAfterBackward(Diverged):
+    """Gradients changed after DDP's all-reduce: by which ranks, where that is known."""
+
+    discriminator = {"case": Case.MODIFIED_AFTER_BACKWARD.value}
+    changed_after_all_reduce: dict[str, Any] = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class FrozenAtWrap(Diverged):
+    """A parameter frozen when DDP was built and made trainable later."""
+
+    discriminator = {"case": Case.FROZEN_AT_WRAP.value}
+    wrapped_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    unfrozen_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    unfrozen_by: Optional[str] = evidence_field(keep_none=True)
+
+
+@dataclass(frozen=True)
+class CommHookDiffers(Diverged):
+    """The registered communication hook returned different results on some ranks."""
+
+    discriminator = {"case": Case.COMM_HOOK.value}
+    comm_hook: dict[str, Any] = evidence_field(default_factory=dict)  # {name, module, at}
+
+
+@dataclass(frozen=True)
+class AllReduceDiffers(Diverged):
+    """DDP's all-reduce itself returned different results, with no hook and no change after it."""
+
+    discriminator = {"case": Case.ALL_REDUCE_DIFFERS.value}
+    backend: str = evidence_field(default="")
+
+
+@dataclass(frozen=True)
+class PeriodicAveraging(Diverged):
+    """Local SGD: the replicas train apart and the script averages the parameters back, by design."""
+
+    discriminator = {"case": Case.PERIODIC_AVERAGING.value}
+    averaged_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    averaged_after_steps: list[int] = evidence_field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DeviceRoundTrip(EvidenceRecord, ReplicasDiverged):
+    """The wrapped model moved off the GPU and back: the replicas diverge on a GPU, not under the simulation."""
+
+    discriminator = {"case": Case.DEVICE_ROUND_TRIP.value}
+    case: str = evidence_field(hidden=True, default=Case.DEVICE_ROUND_TRIP.value)
+    moves: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{call, at, after_step}]
+
+
+def _skips_ddp_sync(finding: Finding) -> bool:
+    """A forward that bypasses DDP, or a step inside no_sync: DDP's synchronization was skipped."""
+    return (finding.severity in ("error", "warning") and isinstance(finding.evidence, Diverged)
+            and finding.evidence.case in (Case.DDP_BYPASSED, Case.STEP_IN_NO_SYNC))
+
+
+def _unbroadcast_buffers(symptom: Finding, _cause: Finding) -> bool:
+    """Buffers that differ although DDP broadcasts them: the skipped forward skipped the broadcast too."""
+    return isinstance(symptom.evidence, BuffersDiffer) and symptom.evidence.broadcast_buffers is True
+
+
+EXPLAINS = (
+    # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
+    Explains("buffers not broadcast", _unbroadcast_buffers, cause=_skips_ddp_sync, priority=60),
+)
+
+
 def _param_name(evidence: Evidence, rank: int, opt: int, index: int, n: Optional[int] = None
                 ) -> tuple[str, bool, Optional[int], Optional[int]]:
     """(name, inside a DDP module, that module's index, the DDP module that holds it frozen since its
@@ -99,7 +205,8 @@ class _Case:
     why: str
     fix: str
     location: Optional[Location] = None
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # the fields of `record` beyond Diverged's
+    record: type[Diverged] = Diverged
 
 
 CONVERSION_FIX = ("Convert or move the model before wrapping it in DistributedDataParallel, never the wrapped model: "
@@ -167,17 +274,17 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
     facts = evidence.facts
     ranks = sorted(div.events)
     if not facts.ddp_wraps:
-        return _Case("not-wrapped", "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
+        return _Case(Case.NOT_WRAPPED, "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
                      "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train through it.")
     conversions = _conversions(evidence, ranks, {r: e.step for r, e in div.events.items()})
     if conversions:
         calls = " and ".join(_call(c) for c in conversions[:3])
-        return _Case("converted-after-wrap",
+        return _Case(Case.CONVERTED_AFTER_WRAP,
                      f"the wrapped model was converted after DDP wrapped it ({calls}): its parameters got new storage, "
                      f"while DDP's gradient hooks and buckets still point at the old tensors, so the gradients are no "
                      f"longer averaged", CONVERSION_FIX, Location.from_site(conversions[0].site),
                      {"conversions": [{"call": _method(c), "at": _at(c.site), "after_step": c.step}
-                                      for c in conversions]})
+                                      for c in conversions]}, ConvertedAfterWrap)
     bypass_at, bypass = _first_site(evidence, DDPBypass, ranks)
     rewraps = [e for r in ranks for e in evidence.ranks[r].of(DDPRewrap)]
     if rewraps and (bypass is not None or not in_ddp):
@@ -193,14 +300,14 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
         if bypass is not None:
             why += (f", and the forward alternates between a DDP wrapper and the bare module (at "
                     f"{short_site(bypass_at)}): the bare module's forwards skip DDP's gradient all-reduce")
-        return _Case("ddp-rewrapped", why,
+        return _Case(Case.DDP_REWRAPPED, why,
                      "Wrap the model once, before training, and call that wrapper for every training forward: "
                      "`model = DistributedDataParallel(net)` outside the loop, then `model(x)`.",
                      bypass_at or again_at, {"first_wrap": first_at.to_json() if first_at else None,
                                              "wrapped_again": again_at.to_json() if again_at else None,
-                                             "bare_forward": bypass_at.to_json() if bypass_at else None})
+                                             "bare_forward": bypass_at.to_json() if bypass_at else None}, Rewrapped)
     if not in_ddp:
-        return _Case("outside-ddp", "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
+        return _Case(Case.OUTSIDE_DDP, "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
                      "Put every trained module inside the model you wrap with DistributedDataParallel.")
     key = str(ddp_index)
     windows = [e.forwards[key] for e in div.events.values() if key in e.forwards]
@@ -208,17 +315,17 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
     unsynced = sum(w.get("unsynced", 0) for w in windows)
     inner = sum(w.get("inner", 0) for w in windows)
     if synced == 0 and unsynced > 0:
-        return _Case("step-in-no-sync", "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
+        return _Case(Case.STEP_IN_NO_SYNC, "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
                      "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, then step.")
     if inner > synced + unsynced:
         location, _ = _first_site(evidence, DDPBypass, ranks, ddp=facts.ddp_canonical.get(ddp_index, ddp_index))
-        return _Case("ddp-bypassed", "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
+        return _Case(Case.DDP_BYPASSED, "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
                      "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.", location or bypass_at)
     wraps = facts.ddp_wraps.get(ddp_index, {})
     tolerant = any(w.find_unused_parameters or w.static_graph for w in wraps.values())
     unused = any(u.unused for u in facts.ddp_usage.get(ddp_index, {}).values())
     if unused and not tolerant:
-        return _Case("reduction-incomplete", "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
+        return _Case(Case.REDUCTION_INCOMPLETE, "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
                      "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
     reduced = _reduced(div)
     if reduced is not None and len(group_by_value(reduced)) > 1:
@@ -229,9 +336,9 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
     if reduced is not None and touched:
         why += f" ({fmt_ranks(touched)} changed gradients between the end of DDP's all-reduce and the step)"
         extra = {"changed_after_all_reduce": {str(r): div.events[r].touched for r in touched}}
-    return _Case("modified-after-backward", why,
+    return _Case(Case.MODIFIED_AFTER_BACKWARD, why,
                  "Modify gradients (clipping, scaling, masking) identically on every rank, after backward and before step.",
-                 extra=extra)
+                 extra=extra, record=ChangedAfterBackward)
 
 
 def _frozen_case(evidence: Evidence, div: Divergence, ddp_index: int) -> _Case:
@@ -250,10 +357,10 @@ def _frozen_case(evidence: Evidence, div: Divergence, ddp_index: int) -> _Case:
     fix = ("Freeze after wrapping: build DDP over the whole model with `find_unused_parameters=True` (frozen "
            "parameters get no gradient), then set requires_grad=False on what must not train yet; or build a new "
            "DistributedDataParallel after unfreezing.")
-    return _Case("frozen-at-wrap", why, fix, unfrozen_at or wrap_at,
+    return _Case(Case.FROZEN_AT_WRAP, why, fix, unfrozen_at or wrap_at,
                  {"wrapped_at": wrap_at.to_json() if wrap_at else None,
                   "unfrozen_at": unfrozen_at.to_json() if unfrozen_at else None,
-                  "unfrozen_by": unfreezes[0].call if unfreezes else None})
+                  "unfrozen_by": unfreezes[0].call if unfreezes else None}, FrozenAtWrap)
 
 
 def _allreduce_case(evidence: Evidence, ranks: list[int], ddp_index: Optional[int]) -> _Case:
@@ -261,28 +368,29 @@ def _allreduce_case(evidence: Evidence, ranks: list[int], ddp_index: Optional[in
     if hooks:
         hook = hooks[0]
         location = Location.from_site(hook.site)
-        return _Case("comm-hook",
+        return _Case(Case.COMM_HOOK,
                      f"the gradients already differ as they come out of DDP's all-reduce: the communication hook "
                      f"`{hook.name}` (registered at {short_site(location)}) returned different results on some ranks, "
                      f"and nothing changed the gradients between the end of the backward pass and the step",
                      "Make the communication hook return the same reduced tensor on every rank: no rank-dependent "
                      "branches, randomness or in-place edits after the all-reduce. Run once without "
                      "`register_comm_hook` to confirm it is the hook.",
-                     location, {"comm_hook": {"name": hook.name, "module": hook.module, "at": _at(hook.site)}})
+                     location, {"comm_hook": {"name": hook.name, "module": hook.module, "at": _at(hook.site)}},
+                     CommHookDiffers)
     backend = next((e.backend for _, e in evidence.events(InitProcessGroup) if e.backend), "the backend")
-    return _Case("all-reduce-differs",
+    return _Case(Case.ALL_REDUCE_DIFFERS,
                  f"the gradients already differ as they come out of DDP's all-reduce, with no communication hook and "
                  f"no code changing them before the step: the collective itself returned different results on some "
                  f"ranks, which points at the interconnect or the communication library ({backend})",
                  "Test the interconnect: run the reference job (`ddpdoctor check` with no script) on the same nodes "
                  "with the same NCCL_* settings, compare with other nodes, and look for GPU or network errors (dmesg, "
                  "nvidia-smi -q, the NIC counters).",
-                 _wrap_site(evidence, ddp_index), {"backend": backend})
+                 _wrap_site(evidence, ddp_index), {"backend": backend}, AllReduceDiffers)
 
 
 # Divergences a periodic averaging of the parameters explains: local steps inside no_sync (or with no
 # gradient all-reduce at all), then an all-reduce of the parameters brings the replicas back together.
-LOCAL_STEPS = ("step-in-no-sync", "not-wrapped", "params-modified")
+LOCAL_STEPS = (Case.STEP_IN_NO_SYNC, Case.NOT_WRAPPED, Case.PARAMS_MODIFIED)
 
 
 def _parameter_averaging(evidence: Evidence, ranks: list[int], ddp_index: Optional[int], first_step: int
@@ -367,8 +475,8 @@ def _round_trip(evidence: Evidence) -> Optional[Finding]:
                f"this CPU-only run makes both moves no-ops, which is why the gradients still agree here")
     return Finding(check=ID, severity="error", message=message, fix=CONVERSION_FIX, ranks=tuple(ranks),
                    location=Location.from_site(off.site),
-                   evidence={"case": "device-round-trip",
-                             "moves": [{"call": _method(e), "at": _at(e.site), "after_step": e.step} for e in pair]})
+                   evidence=DeviceRoundTrip(moves=[{"call": _method(e), "at": _at(e.site), "after_step": e.step}
+                                                   for e in pair]))
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -393,39 +501,31 @@ def analyze(evidence: Evidence) -> CheckResult:
     ranks = sorted(r for g in div.groups for r in g)
     diffs = [d for d in (relative_difference(div.values[rank0], div.values[r]) for r in odd) if d is not None]
     diff = max(diffs) if diffs else None  # word sums say the bits differ, not by how much
-    evidence_out = {
-        "step": div.step,
-        "optimizer": div.optimizer,
-        "parameter": name,
-        "compared": div.kind,
-        "rank_groups": div.groups,
-        "fingerprints": {str(r): v for r, v in sorted(div.values.items())},
-        "relative_difference": diff,
-        # Sampled steps: the replicas diverged after this step (None: at the first compared step).
-        "last_identical_step": div.last_identical_step,
-    }
+    common = dict(step=div.step, optimizer=div.optimizer, parameter=name, compared=div.kind, rank_groups=div.groups,
+                  fingerprints={str(r): v for r, v in sorted(div.values.items())}, relative_difference=diff,
+                  last_identical_step=div.last_identical_step)
     location = _optimizer_site(evidence, rank0, div.optimizer)
     if div.kind == "grads":
         found = _frozen_case(evidence, div, frozen_in) if frozen_in is not None else None
         found = found or _grad_case(evidence, div, in_ddp, ddp_index)
         case, fix = found.case, found.fix
         location = found.location or location
-        evidence_out.update(found.extra)
+        evidence_out = found.record(case=case, **common, **found.extra)
         message = f"gradients of `{name}` differ across ranks at optimizer step {div.step}: {found.why}"
     else:
-        case = "params-modified"
+        case = Case.PARAMS_MODIFIED
+        evidence_out = Diverged(case=case, **common)
         message = (f"gradients were identical but parameter `{name}` differs across ranks after optimizer step {div.step}: "
                    "the weights were changed outside the optimizer, or the optimizer is configured differently, on some ranks")
         fix = ("Change weights only through the optimizer, or identically on every rank; give every rank the same "
                "optimizer settings; load checkpoints on every rank before wrapping with DDP.")
-    evidence_out = {"case": case, **evidence_out}  # first: the terminal shows the leading fields
     severity = "error"
     averaged = _parameter_averaging(evidence, ranks, ddp_index, div.step) if case in LOCAL_STEPS else None
     if averaged is not None:  # Local SGD: the replicas train apart and are averaged back, by design
         site, steps = averaged
-        severity, case = "info", "periodic-averaging"
-        evidence_out.update({"case": case, "averaged_at": site.to_json() if site else None,
-                             "averaged_after_steps": steps[:8]})
+        severity, case = "info", Case.PERIODIC_AVERAGING
+        evidence_out = PeriodicAveraging(case=case, **common, averaged_at=site.to_json() if site else None,
+                                         averaged_after_steps=steps[:8])
         first = "gradients" if div.kind == "grads" else "parameters"
         message = (f"the replicas train apart between parameter averagings by design: the optimizer steps without "
                    f"DDP's gradient all-reduce ({first} of `{name}` first differ at optimizer step {div.step}), and "
@@ -441,4 +541,6 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[finding], summary=f"replicas diverge at step {div.step} ({fmt_ranks(ranks)}){sampled}")
 
 
-CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS, order=10, probes=('ddp', 'optimizer', 'wrapping'))
+CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS, order=10, probes=('ddp', 'optimizer', 'wrapping'),
+              evidence=(ConvertedAfterWrap, Rewrapped, ChangedAfterBackward, FrozenAtWrap, CommHookDiffers,
+                        AllReduceDiffers, PeriodicAveraging, DeviceRoundTrip, Diverged), explains=EXPLAINS)

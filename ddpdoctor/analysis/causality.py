@@ -87,9 +87,6 @@ _LEGACY_RULES: list[Rule] = [
          lambda f, _c: f.check in ("sampler-disjoint", "gradient-sync", "set-epoch", "uneven-inputs"), priority=40),
     # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
     Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed"), priority=50),
-    # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
-    Rule("buffers not broadcast", _is("gradient-sync", case=("ddp-bypassed", "step-in-no-sync")),
-         _symptom("buffer-sync", broadcast_buffers=True), priority=60),
 ]
 
 

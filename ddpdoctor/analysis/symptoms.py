@@ -37,6 +37,14 @@ class Divergence(_Words):
     PARAMS_MODIFIED = "params-modified"
     MODIFIED_AFTER_BACKWARD = "modified-after-backward"
     REDUCTION_INCOMPLETE = "reduction-incomplete"
+    CONVERTED_AFTER_WRAP = "converted-after-wrap"  # the wrapped model moved or cast: new parameter storage
+    DDP_REWRAPPED = "ddp-rewrapped"  # DDP built again around a module it wraps
+    OUTSIDE_DDP = "outside-ddp"  # a trained parameter in no DDP module
+    FROZEN_AT_WRAP = "frozen-at-wrap"  # frozen when DDP was built, unfrozen later
+    COMM_HOOK = "comm-hook"  # the communication hook returned different results
+    ALL_REDUCE_DIFFERS = "all-reduce-differs"  # the all-reduce itself did
+    PERIODIC_AVERAGING = "periodic-averaging"  # Local SGD: apart by design between averagings
+    DEVICE_ROUND_TRIP = "device-round-trip"  # moved off the GPU and back (diverges on a GPU, not simulated)
 
 
 class HangKind(_Words):
