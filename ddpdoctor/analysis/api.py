@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ddpdoctor.schema.findings import (Consequence, EvidenceRecord, Finding, Location, Severity, evidence_field,
-                                       register_evidence)
+from ddpdoctor.schema.findings import (Consequence, EvidenceRecord, Finding, Location, Severity, Status,
+                                       evidence_field, register_evidence)
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.evidence import Evidence
@@ -37,19 +37,12 @@ class CheckResult:
     applicable: bool = True
 
     @property
-    def status(self) -> str:
+    def status(self) -> Status:
         return status_of(self.findings, applicable=self.applicable)
 
 
-def status_of(findings: list[Finding], *, applicable: bool = True) -> str:
-    if not applicable:
-        return "skip"
-    severities = {f.severity for f in findings}
-    if "error" in severities:
-        return "fail"
-    if "warning" in severities:
-        return "warn"
-    return "pass"
+def status_of(findings: list[Finding], *, applicable: bool = True) -> Status:
+    return Status.of({f.severity for f in findings}, applicable=applicable)
 
 
 def _worth_explaining(finding: Finding) -> bool:

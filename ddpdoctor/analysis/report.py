@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.schema.events import SCHEMA_VERSION
-from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, Status
 from ddpdoctor.schema.observations import Outcome
 
 __all__ = ["SCHEMA", "CheckStatus", "Report", "write_json"]
@@ -26,7 +26,7 @@ SCHEMA = "ddpdoctor.report/1"
 class CheckStatus:
     id: str
     title: str
-    status: str  # pass | fail | warn | skip
+    status: Status
     summary: str
     error: Optional[str] = None  # the check itself crashed
     incomplete: list[str] = field(default_factory=list)  # probes that failed, leaving it partly blind
@@ -34,8 +34,12 @@ class CheckStatus:
     # status stays "pass" (they never count), renderers show a consequence mark instead of a pass.
     consequence_of: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
+
     def to_json(self) -> dict:
-        out: dict[str, Any] = {"id": self.id, "title": self.title, "status": self.status, "summary": self.summary}
+        out: dict[str, Any] = {"id": self.id, "title": self.title, "status": self.status.value,
+                               "summary": self.summary}
         if self.error:
             out["error"] = self.error
         if self.incomplete:

@@ -12,6 +12,7 @@ from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.registry import LoadedCheck, load_checks
 from ddpdoctor.schema.events import ProbeError
+from ddpdoctor.schema.findings import Status
 from ddpdoctor.schema.probes import ALL_CHECKS, checks_affected, not_checked_by
 
 
@@ -23,7 +24,7 @@ class CheckOutcome:
     title: str
     result: CheckResult
     error: Optional[str] = None  # the check itself crashed
-    status: str = "skip"
+    status: Status = Status.SKIP
     summary: str = ""
     incomplete: list[str] = field(default_factory=list)  # probes that failed, leaving this check blind
     consequence_of: Optional[str] = None  # its findings are symptoms of this check's root finding
@@ -60,7 +61,7 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
     explained_by = {c.check: r.check for r in roots for c in r.consequences}
     for outcome in outcomes:
         top = [f for f in roots if f.check == outcome.id]
-        outcome.status = "skip" if outcome.error else status_of(top, applicable=outcome.result.applicable)
+        outcome.status = Status.SKIP if outcome.error else status_of(top, applicable=outcome.result.applicable)
         outcome.summary = outcome.result.summary
         if outcome.result.findings and not top and outcome.id in explained_by:
             outcome.summary += f" (a consequence of {explained_by[outcome.id]}, reported there)"

@@ -50,6 +50,33 @@ class Severity(str, Enum):
 
 _SEVERITY_RANK = {"info": 0, "warning": 1, "error": 2}
 
+
+class Status(str, Enum):
+    """A check's verdict in the report: "fail" (an error), "warn", "pass", or "skip" (nothing to check,
+    or the check could not run). A ``str`` enum: JSON writes the word."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    @classmethod
+    def of(cls, severities: "set[Severity] | set[str]", *, applicable: bool = True) -> "Status":
+        """The status findings of these severities give a check."""
+        if not applicable:
+            return cls.SKIP
+        if Severity.ERROR in severities:
+            return cls.FAIL
+        if Severity.WARNING in severities:
+            return cls.WARN
+        return cls.PASS
+
 # The lowest severity that fails a run unless `--fail-on` says otherwise. Declared here, on the analysis
 # side, so the verdicts and renderers default to it too; the option (supervisor/options.py) takes it.
 DEFAULT_FAIL_ON = Severity.WARNING
