@@ -32,9 +32,9 @@ __all__ = [
 
 SCHEMA_VERSION = 4  # 3: step fingerprints as encoded strings; 4: collectives numbered by the process group
 
-Site = list  # innermost-first user frames: [{"file", "line", "function"}]
-Frames = list  # outermost-first frames: [{"file", "line", "function", "code", "user"}]
-Fingerprint = Optional[list]  # [sum, norm] of one tensor, None for a missing tensor
+Site = list[dict[str, Any]]  # innermost-first user frames: [{"file", "line", "function"}]
+Frames = list[dict[str, Any]]  # outermost-first frames: [{"file", "line", "function", "code", "user"}]
+Fingerprint = Optional[list[float]]  # [sum, norm] of one tensor, None for a missing tensor
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,11 +52,12 @@ class Event:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind}
-        for name in _field_names(type(self)):
+        for name in _field_names(type(self)):  # type: ignore[arg-type]  # see _field_names
             value = getattr(self, name)
             if value is None and name in self.omit_if_none:
                 continue
-            out[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            is_record = dataclasses.is_dataclass(value) and not isinstance(value, type)  # a nested record
+            out[name] = dataclasses.asdict(value) if is_record else value
         return out
 
 
@@ -65,7 +66,7 @@ class UnknownEvent(Event):
     """An event of a kind this version does not know (a newer probe, a third-party plugin)."""
 
     kind_name: str = ""
-    data: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.data, "kind": self.kind_name}
@@ -168,7 +169,7 @@ class ExceptionEvent(Event):
     type: str = ""
     message: str = ""
     frames: Frames = field(default_factory=list)
-    location: Optional[dict] = None  # innermost user frame {file, line}
+    location: Optional[dict[str, Any]] = None  # innermost user frame {file, line}
     epoch: Optional[int] = None
 
 
@@ -177,7 +178,7 @@ class ExceptionEvent(Event):
 class SysExit(Event):
     kind: ClassVar[str] = "sys_exit"
     code: int = 0
-    location: Optional[dict] = None
+    location: Optional[dict[str, Any]] = None
 
 
 @register_event
@@ -226,10 +227,10 @@ class DeviceSimulation(Event):
     mode: str = "auto"
     active: bool = False
     reason: str = ""
-    calls: dict = field(default_factory=dict)
-    unsupported: list = field(default_factory=list)
-    ignored: list = field(default_factory=list)
-    devices: list = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    unsupported: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+    devices: list[int] = field(default_factory=list)
 
 
 # -- DDP and optimizers -----------------------------------------------------------------------------
@@ -239,9 +240,9 @@ class DeviceSimulation(Event):
 class DDPWrap(Event):
     kind: ClassVar[str] = "ddp_wrap"
     ddp: int = 0
-    params: list = field(default_factory=list)  # names of parameters that require grad
-    shapes: list = field(default_factory=list)
-    buffers: list = field(default_factory=list)
+    params: list[str] = field(default_factory=list)  # names of parameters that require grad
+    shapes: list[list[int]] = field(default_factory=list)
+    buffers: list[str] = field(default_factory=list)
     find_unused_parameters: bool = False
     static_graph: bool = False
     broadcast_buffers: bool = True
@@ -252,7 +253,7 @@ class DDPWrap(Event):
     framework_version: Optional[str] = None
     # Parameters of the wrapped module that did not require grad when DDP was built: DDP's reducer
     # never takes them, so if they are unfrozen later their gradients are never averaged.
-    frozen: list = field(default_factory=list)
+    frozen: list[str] = field(default_factory=list)
 
 
 @register_event
@@ -264,7 +265,7 @@ class DataParallelWrap(Event):
 
     kind: ClassVar[str] = "data_parallel"
     module: str = ""  # the wrapped module's class
-    device_ids: list = field(default_factory=list)
+    device_ids: list[int] = field(default_factory=list)
     site: Site = field(default_factory=list)
 
 
@@ -276,7 +277,7 @@ class BufferFingerprint(Event):
     kind: ClassVar[str] = "buffers"
     ddp: int = 0
     forward: int = 0
-    fp: list = field(default_factory=list)
+    fp: list[Fingerprint] = field(default_factory=list)
 
 
 @register_event
@@ -287,20 +288,20 @@ class OptimizerInfo(Event):
     kind: ClassVar[str] = "optimizer"
     opt: int = 0
     type_name: str = ""
-    names: list = field(default_factory=list)
-    in_ddp: list = field(default_factory=list)  # per parameter: inside a DDP-wrapped module
-    ddp_of: list = field(default_factory=list)  # per parameter: index of its DDP module, or None
-    shapes: list = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    in_ddp: list[bool] = field(default_factory=list)  # per parameter: inside a DDP-wrapped module
+    ddp_of: list[Optional[int]] = field(default_factory=list)  # per parameter: index of its DDP module, or None
+    shapes: list[list[int]] = field(default_factory=list)
     site: Site = field(default_factory=list)
     # Where the optimizer was constructed (``site`` is where it first stepped); from which of its own
     # steps this description holds (written again when param groups are added); parameters per group.
     built_at: Site = field(default_factory=list)
     n: int = 1
-    group_sizes: list = field(default_factory=list)
-    dtypes: list = field(default_factory=list)  # per parameter, "torch.float32"...
+    group_sizes: list[int] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)  # per parameter, "torch.float32"...
     # Per parameter: the DDP module whose wrapped module holds it although DDP does not (it was frozen
     # when DDP was built), else None. Empty in evidence of earlier builds.
-    frozen_in: list = field(default_factory=list)
+    frozen_in: list[Optional[int]] = field(default_factory=list)
     # Its state before its first step: where `load_state_dict` restored it (empty: never), how many
     # parameters had state, and the largest step count in it (None: no step counter, or no state).
     # Ranks that resume must all restore it, or their updates differ from the first step.
@@ -325,7 +326,7 @@ class Step(Event):
     n: int = 0
     grads: Optional[str] = None  # encoded fingerprints (schema/fingerprints.py), None when not sampled
     params: Optional[str] = None
-    forwards: dict = field(default_factory=dict)
+    forwards: dict[str, dict[str, int]] = field(default_factory=dict)
     closure: bool = False  # stepped with a closure: gradients were read after the step
     # On sampled steps: a digest of what must agree across ranks (ConfigState holds the detail);
     # how many gradients changed between the end of DDP's all-reduce and the step, by their sampled
@@ -342,7 +343,7 @@ class Step(Event):
     # [seconds waited in DataLoader.__next__ since the previous step, then how many seconds before
     # ``t`` the first DDP forward, the first gradient, the last gradient and the optimizer's step
     # began] (None where not seen): the step's phases for the timeline and --trace.
-    timing: Optional[list] = None
+    timing: Optional[list[Optional[float]]] = None
 
 
 @register_event
@@ -364,7 +365,7 @@ class UnchangedWeights(Event):
     kind: ClassVar[str] = "unchanged_weights"
     opt: int = 0
     n: int = 0
-    params: dict = field(default_factory=dict)
+    params: dict[str, list[Optional[float]]] = field(default_factory=dict)
     grad_rms_median: Optional[float] = None
 
 
@@ -383,8 +384,8 @@ class DDPUsage(Event):
     ddp: int = 0
     iterations: int = 0
     backwards: Optional[int] = None  # backward passes DDP synchronized, the one still running included
-    unused: dict = field(default_factory=dict)  # str(param index) -> iterations without gradient
-    last_unused: list = field(default_factory=list)
+    unused: dict[str, int] = field(default_factory=dict)  # str(param index) -> iterations without gradient
+    last_unused: list[int] = field(default_factory=list)
     final: bool = False
 
 
@@ -430,9 +431,10 @@ class LoaderPass(Event):
     dataset_type: str = ""
     subset: bool = False
     domain: Optional[str] = None
-    head: list = field(default_factory=list)
-    tail: list = field(default_factory=list)
-    skipped_batches: int = 0  # batches the batch sampler skips before it yields (a resumed epoch: Accelerate's SkipBatchSampler)
+    head: list[int] = field(default_factory=list)
+    tail: list[int] = field(default_factory=list)
+    # batches the batch sampler skips before it yields (a resumed epoch: Accelerate's SkipBatchSampler)
+    skipped_batches: int = 0
     dataset_digest: Optional[str] = None
 
 
@@ -472,8 +474,8 @@ class ContentPass(Event):
     level: int = 0
     hashes: str = ""
     order: str = ""
-    head: list = field(default_factory=list)
-    tail: list = field(default_factory=list)
+    head: list[int] = field(default_factory=list)
+    tail: list[int] = field(default_factory=list)
     steps: int = 0
     ddp_forwards: int = 0
     site: Site = field(default_factory=list)
@@ -481,11 +483,12 @@ class ContentPass(Event):
     dataset_epoch: Optional[int] = None  # "loader": the dataset's own epoch attribute when the pass started
     declares_shuffle: Optional[bool] = None  # "loader": the dataset says it shuffles (a `shuffle` flag, HF's shuffling)
     first_forward: Optional[int] = None  # "forward" windows: the module's training forward (1-based) of digests[0]
-    digests: list = field(default_factory=list)  # "forward" windows, this part: one digest per forward's whole batch
-    # (prefixed "s:" when the input was not the feeding loader's batch as yielded: made in the script)
+    # "forward" windows, this part: one digest per forward's whole batch (prefixed "s:" when the input
+    # was not the feeding loader's batch as yielded: made in the script)
+    digests: list[str] = field(default_factory=list)
     # This part's kept row hashes in the order they were fed (``hashes`` holds them sorted), until the
     # pass has given 1024 of them: whether the rows two ranks share came in the same order.
-    sequence: list = field(default_factory=list)
+    sequence: list[int] = field(default_factory=list)
 
 
 # -- collectives --------------------------------------------------------------------------------
@@ -505,7 +508,7 @@ class Collective(Event):
     kind: ClassVar[str] = "collective"
     op: str = ""
     n: int = 0
-    tensors: list = field(default_factory=list)  # [[shape], dtype] of each tensor argument, up to 8
+    tensors: list[list[Any]] = field(default_factory=list)  # [[shape], dtype] of each tensor argument, up to 8
     group: Any = None
     site: Site = field(default_factory=list)
     rank_branch: bool = False
@@ -584,7 +587,7 @@ class InternalCollectives(Event):
     grad: Optional[bool] = None
     training: Optional[bool] = None
     group: Any = None
-    ops: list = field(default_factory=list)
+    ops: list[list[Any]] = field(default_factory=list)
     site: Site = field(default_factory=list)
 
 
@@ -657,7 +660,7 @@ class RankEnvironment(Event):
     cudnn_version: Optional[int] = None
     nccl_version: Optional[str] = None
     driver_version: Optional[str] = None
-    variables: dict = field(default_factory=dict)  # NCCL_*, CUDA_VISIBLE_DEVICES, MASTER_ADDR...
+    variables: dict[str, str] = field(default_factory=dict)  # NCCL_*, CUDA_VISIBLE_DEVICES, MASTER_ADDR...
 
 
 @register_event
@@ -668,7 +671,7 @@ class RankDevices(Event):
     devices; ``current_device``: torch.cuda.current_device() at the end."""
 
     kind: ClassVar[str] = "devices"
-    gpus: list = field(default_factory=list)
+    gpus: list[dict[str, Any]] = field(default_factory=list)
     current_device: Optional[int] = None
     driver_version: Optional[str] = None
 
@@ -684,9 +687,9 @@ class CollectiveBenchmark(Event):
     backend: str = ""
     device: str = ""
     world_size: int = 0
-    rows: list = field(default_factory=list)
-    iterations: dict = field(default_factory=dict)  # {"warmup": n, "timed": n}
-    skipped: list = field(default_factory=list)  # [{op, reason}]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    iterations: dict[str, int] = field(default_factory=dict)  # {"warmup": n, "timed": n}
+    skipped: list[dict[str, str]] = field(default_factory=list)  # [{op, reason}]
 
 
 # -- training configuration: config-sync, optimizer-params, causes of divergence --------------------
@@ -708,10 +711,10 @@ class ConfigState(Event):
     opt: int = 0
     n: int = 0
     digest: str = ""
-    groups: list = field(default_factory=list)
-    modules: dict = field(default_factory=dict)
-    frozen: dict = field(default_factory=dict)
-    autocast: dict = field(default_factory=dict)
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    frozen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    autocast: dict[str, list[Any]] = field(default_factory=dict)
     scale: Optional[float] = None
 
 
@@ -742,9 +745,9 @@ class ParamGroupsWrite(Event):
     kind: ClassVar[str] = "param_groups_write"
     opt: int = 0
     n: int = 0
-    keys: list = field(default_factory=list)
+    keys: list[list[Any]] = field(default_factory=list)
     via: str = ""
-    sites: list = field(default_factory=list)
+    sites: list[dict[str, Any]] = field(default_factory=list)
 
 
 @register_event
@@ -800,7 +803,7 @@ class Unfrozen(Event):
 
     kind: ClassVar[str] = "unfrozen"
     ddp: int = 0
-    names: list = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
     call: str = ""
     site: Site = field(default_factory=list)
 
@@ -817,12 +820,14 @@ class CommHook(Event):
     site: Site = field(default_factory=list)
 
 
+# Callers pass an Event class, which mypy takes for unhashable (a dataclass with eq= sets its
+# instances' __hash__ to None), so their calls carry type: ignore[arg-type]: the class itself hashes.
 @functools.cache
 def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls))
 
 
-def _known_fields(data: dict, names: frozenset[str]) -> dict:
+def _known_fields(data: dict[str, Any], names: frozenset[str]) -> dict[str, Any]:
     """``data`` without the keys ``names`` lacks ("kind", fields of a newer writer): set operations
     in C, since a thousand-rank job's evidence is millions of lines."""
     values = dict(data)
@@ -831,7 +836,7 @@ def _known_fields(data: dict, names: frozenset[str]) -> dict:
     return values
 
 
-def event_from_json(data: dict, *, owned: bool = False) -> Event:
+def event_from_json(data: dict[str, Any], *, owned: bool = False) -> Event:
     """The typed event for one JSON line; unknown fields are dropped, unknown kinds kept as data.
 
     ``owned``: ``data`` was parsed for this call alone and may be consumed (no copy: a thousand-rank
@@ -846,7 +851,7 @@ def event_from_json(data: dict, *, owned: bool = False) -> Event:
             return cls(**data)
         except TypeError:  # a field of a newer writer: drop what this version does not know
             data["kind"] = kind
-    names = _field_names(cls)
+    names = _field_names(cls)  # type: ignore[arg-type]  # see _field_names
     if owned:
         values = data
         for key in values.keys() - names:  # "kind", and fields of a newer writer
