@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import textwrap
 from collections import defaultdict
+from dataclasses import dataclass
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import REDUCTION_ERRORS, is_reduction_error
+from ddpdoctor.analysis.symptoms import Divergence, ParametersUnused, RankFailed, ReplicasDiverged
 
 from . import _frameworks as frameworks
 from ._common import fmt_ranks
@@ -55,6 +57,60 @@ off when every parameter is used.
 """
 
 
+@dataclass(frozen=True)
+class Missing(EvidenceRecord, ParametersUnused):
+    """Parameters without a gradient in a DDP built with find_unused_parameters=False (DDP's crash)."""
+
+    ddp: int = evidence_field(hidden=True, default=0)
+    unused: list[str] = evidence_field(label="unused parameters", unit="names", default_factory=list)
+    iterations_without_grad: dict[str, dict[str, int]] = evidence_field(label="iterations without a gradient",
+                                                                        default_factory=dict)
+    crashed_ranks: list[int] = evidence_field(label="crashed", unit="ranks", default_factory=list)
+
+
+@dataclass(frozen=True)
+class Needless(EvidenceRecord):
+    """find_unused_parameters=True where every parameter got a gradient in every iteration."""
+
+    ddp: int = evidence_field(hidden=True, default=0)
+    iterations_observed: dict[str, int] = evidence_field(label="iterations observed", default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NeverUsed(EvidenceRecord, ParametersUnused):
+    """Parameters that got no gradient on any rank in any iteration: dead weight."""
+
+    ddp: int = evidence_field(hidden=True, default=0)
+    never_used: list[str] = evidence_field(label="never used", unit="names", default_factory=list)
+
+
+@dataclass(frozen=True)
+class SometimesUnused(EvidenceRecord, ParametersUnused):
+    """Parameters without a gradient on some iterations or ranks only: why the flag is needed."""
+
+    ddp: int = evidence_field(hidden=True, default=0)
+    iterations_without_grad: dict[str, dict[str, int]] = evidence_field(label="iterations without a gradient",
+                                                                        default_factory=dict)
+    iterations_observed: dict[str, int] = evidence_field(label="iterations observed", default_factory=dict)
+
+
+def _crashes_ddp(finding: Finding) -> bool:
+    return finding.severity == "error" and isinstance(finding.evidence, Missing)
+
+
+def _ddps_reduction_failure(symptom: Finding, _cause: Finding) -> bool:
+    """DDP's "Expected to have finished reduction" crash, or the gradients it left unaveraged."""
+    seen = symptom.evidence
+    return ((isinstance(seen, RankFailed) and bool(seen.reduction_error))
+            or (isinstance(seen, ReplicasDiverged) and seen.case == Divergence.REDUCTION_INCOMPLETE))
+
+
+EXPLAINS = (
+    # DDP raised "Expected to have finished reduction": the unused parameters are the cause.
+    Explains("unused parameters crash DDP", _ddps_reduction_failure, cause=_crashes_ddp, priority=30),
+)
+
+
 def _names(index_counts: dict, names: list[str]) -> list[str]:
     return [names[i] if i < len(names) else f"param{i}" for i in sorted(index_counts)]
 
@@ -91,10 +147,10 @@ def analyze(evidence: Evidence) -> CheckResult:
                     fix=frameworks.fix(evidence, "find-unused", (
                         "Use every parameter in the loss, freeze the unused ones with requires_grad_(False) before "
                         "wrapping, or pass find_unused_parameters=True if they are skipped only on some steps.")),
-                    evidence={"ddp": ddp_index, "unused": unused_names,
-                              "iterations_without_grad": {names[i]: {str(r): c for r, c in sorted(v.items())}
-                                                          for i, v in sorted(unused_count.items()) if i < len(names)},
-                              "crashed_ranks": crash_ranks},
+                    evidence=Missing(ddp=ddp_index, unused=unused_names,
+                                     iterations_without_grad={names[i]: {str(r): c for r, c in sorted(v.items())}
+                                                              for i, v in sorted(unused_count.items()) if i < len(names)},
+                                     crashed_ranks=crash_ranks),
                 ))
             continue
         if not iterations or any_wrap.static_graph:
@@ -107,7 +163,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                          "iteration for nothing"),
                 fix=frameworks.fix(evidence, "needless-find-unused",
                                    "Drop find_unused_parameters=True from the DistributedDataParallel call."),
-                evidence={"ddp": ddp_index, "iterations_observed": {str(r): c for r, c in sorted(iterations.items())}},
+                evidence=Needless(ddp=ddp_index, iterations_observed={str(r): c for r, c in sorted(iterations.items())}),
             ))
             continue
         always = [i for i, c in unused_count.items()
@@ -118,7 +174,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                 check=ID, severity="warning", ranks=ranks, location=location,
                 message=f"{', '.join(f'`{n}`' for n in _names(dict.fromkeys(always), names)[:10])} never got a gradient on any rank",
                 fix="Remove these parameters or freeze them with requires_grad_(False) before wrapping with DDP.",
-                evidence={"ddp": ddp_index, "never_used": _names(dict.fromkeys(always), names)},
+                evidence=NeverUsed(ddp=ddp_index, never_used=_names(dict.fromkeys(always), names)),
             ))
         if sometimes:
             findings.append(Finding(
@@ -126,10 +182,11 @@ def analyze(evidence: Evidence) -> CheckResult:
                 message=(f"{', '.join(f'`{n}`' for n in _names(dict.fromkeys(sometimes), names)[:10])} got no gradient "
                          "on some iterations or ranks only: find_unused_parameters=True is needed here"),
                 fix="Nothing to do.",
-                evidence={"ddp": ddp_index,
-                          "iterations_without_grad": {names[i]: {str(r): c for r, c in sorted(unused_count[i].items())}
-                                                      for i in sorted(sometimes) if i < len(names)},
-                          "iterations_observed": {str(r): c for r, c in sorted(iterations.items())}},
+                evidence=SometimesUnused(
+                    ddp=ddp_index,
+                    iterations_without_grad={names[i]: {str(r): c for r, c in sorted(unused_count[i].items())}
+                                             for i in sorted(sometimes) if i < len(names)},
+                    iterations_observed={str(r): c for r, c in sorted(iterations.items())}),
             ))
     if not findings:
         if num_iterations_total == 0:
@@ -139,4 +196,6 @@ def analyze(evidence: Evidence) -> CheckResult:
                                                                    placeholder=" …"))
 
 
-CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS, order=50, probes=('ddp', 'optimizer'))
+# A saved report's evidence reads back as the first type it fits: Needless's fields are some of SometimesUnused's.
+CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS, order=50, probes=('ddp', 'optimizer'),
+              evidence=(Missing, NeverUsed, Needless, SometimesUnused), explains=EXPLAINS)

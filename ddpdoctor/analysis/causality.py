@@ -54,13 +54,6 @@ def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
     return lambda finding, _cause: predicate(finding)
 
 
-def _duplicate_gpu_crash(finding: Finding, _cause: Finding) -> bool:
-    """NCCL's "Duplicate GPU detected" crash (or a peer's failure after it) when ranks share a GPU."""
-    decoded = finding.evidence.get("decoded") or {}
-    return finding.check == "rank-failure" and (decoded.get("code") == "duplicate-gpu"
-                                                 or bool(finding.evidence.get("secondary_only")))
-
-
 def _follows_config(finding: Finding, cause: Finding) -> bool:
     """Replicas that drift apart at or after the step where the ranks' settings first differ (a
     learning rate, a loss scale); with parameters frozen on some ranks only, DDP's missing gradients."""
@@ -75,12 +68,6 @@ def _follows_config(finding: Finding, cause: Finding) -> bool:
 _LEGACY_RULES: list[Rule] = [
     # Ranks train with different settings: the divergence that follows is its consequence.
     Rule("settings differ by rank", _is("config-sync", severities=("error",)), _follows_config, priority=10),
-    # Two ranks on one GPU: env-consistency names the ranks and the GPU; NCCL's crash follows.
-    Rule("ranks share a GPU", _is("env-consistency", severities=("error",), kind="shared-gpu"), _duplicate_gpu_crash, priority=20),
-    # DDP raised "Expected to have finished reduction": the unused parameters are the cause.
-    Rule("unused parameters crash DDP", _is("unused-parameters", severities=("error",)),
-         lambda f, _c: (f.check == "rank-failure" and bool(f.evidence.get("reduction_error")))
-         or (f.check == "gradient-sync" and f.evidence.get("case") == "reduction-incomplete"), priority=30),
     # No process group at all, or nn.DataParallel in every process: independent copies of the
     # script; what they disagree on follows.
     Rule("never distributed", _is("not-distributed", kind=("no-process-group", "data-parallel")),
