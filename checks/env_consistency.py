@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, RUN, ENVIRONMENT
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, RUN, ENVIRONMENT, Severity,
+                                    evidence_field)
+from ddpdoctor.analysis.decode import DUPLICATE_GPU
 from ddpdoctor.analysis.rank_environments import physical_gpu, rank_environments
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.symptoms import RankFailed
+from ddpdoctor.schema.findings import ABSENT, FieldInfo
 
 from ._common import fmt_ranks
 
@@ -51,6 +58,73 @@ WARNING_VERSIONS = (("python", "Python"), ("cudnn", "cuDNN"))
 NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 
 
+RankValues = dict[str, Any]  # rank -> its value (None: unset)
+
+
+@dataclass(frozen=True)
+class VersionsDiffer(EvidenceRecord):
+    """The versions that differ across ranks, each as rank -> version (only those that differ)."""
+
+    discriminator = {"kind": "versions"}
+    kind: str = evidence_field(hidden=True, default="versions")
+    torch: RankValues = evidence_field(default=ABSENT)
+    cuda: RankValues = evidence_field(default=ABSENT)
+    nccl: RankValues = evidence_field(default=ABSENT)
+    python: RankValues = evidence_field(default=ABSENT)
+    cudnn: RankValues = evidence_field(default=ABSENT)
+
+
+@dataclass(frozen=True)
+class NcclVariablesDiffer(EvidenceRecord):
+    """The NCCL_* and TORCH_NCCL_* variables that differ across ranks: each under its own name, as
+    rank -> value, beside ``kind`` (their names are the environment's, so they are no declared fields)."""
+
+    discriminator = {"kind": "nccl-variables"}
+    kind: str = evidence_field(hidden=True, default="nccl-variables")
+    variables: Mapping[str, RankValues] = evidence_field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, **{name: dict(values) for name, values in self.variables.items()}}
+
+    def rows(self) -> Iterator[tuple[str, Any, FieldInfo]]:
+        yield "kind", self.kind, FieldInfo(hidden=True)
+        for name, values in self.variables.items():
+            yield name, values, FieldInfo()
+
+    @classmethod
+    def matches(cls, data: Mapping[str, Any]) -> bool:
+        return data.get("kind") == cls.discriminator["kind"]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "NcclVariablesDiffer":
+        return cls(variables={k: v for k, v in data.items() if k != "kind"})
+
+
+@dataclass(frozen=True)
+class SharedGpu(EvidenceRecord):
+    """Ranks of one host on one GPU in an NCCL job: per GPU, {host, gpu, ranks, local_ranks, device_index}."""
+
+    discriminator = {"kind": "shared-gpu"}
+    kind: str = evidence_field(hidden=True, default="shared-gpu")
+    gpus: list[dict[str, Any]] = evidence_field(default_factory=list)
+
+
+def _shares_a_gpu(finding: Finding) -> bool:
+    return finding.severity == Severity.ERROR and isinstance(finding.evidence, SharedGpu)
+
+
+def _duplicate_gpu_crash(symptom: Finding, _cause: Finding) -> bool:
+    """NCCL's "Duplicate GPU detected" crash (or a peer's failure after it) when ranks share a GPU."""
+    failed = symptom.evidence
+    return isinstance(failed, RankFailed) and (failed.error_code == DUPLICATE_GPU or bool(failed.secondary_only))
+
+
+EXPLAINS = (
+    # Two ranks on one GPU: this check names the ranks and the GPU; NCCL's crash follows.
+    Explains("ranks share a GPU", _duplicate_gpu_crash, cause=_shares_a_gpu, priority=20),
+)
+
+
 def _spread(values: dict[int, object]) -> str:
     """'2.13.0 on ranks 0, 1; 2.12.0 on rank 2'."""
     groups: dict[str, list[int]] = {}
@@ -80,8 +154,7 @@ def _version_finding(envs: list[dict], keys: tuple[tuple[str, str], ...], severi
         message="ranks run different software: " + " | ".join(parts),
         fix="Run every rank from one environment or container image (the same torch build, CUDA and NCCL); "
             "`ddpdoctor env` shows what each rank has.",
-        evidence={"kind": "versions", **{key: {str(r): v for r, v in values.items()}
-                                         for key, values in differing.items()}})]
+        evidence=VersionsDiffer(**{key: {str(r): v for r, v in values.items()} for key, values in differing.items()}))]
 
 
 def _nccl_variables(envs: list[dict]) -> list[Finding]:
@@ -100,8 +173,8 @@ def _nccl_variables(envs: list[dict]) -> list[Finding]:
                                                                      for name, values in differing.items()),
         fix="Set NCCL_* variables for the whole job (in the sbatch script or the launcher's environment), "
             "the same on every node, unless a node really needs its own interface name.",
-        evidence={"kind": "nccl-variables", **{name: {str(r): v for r, v in values.items()}
-                                               for name, values in differing.items()}})]
+        evidence=NcclVariablesDiffer(variables={name: {str(r): v for r, v in values.items()}
+                                                for name, values in differing.items()}))]
 
 
 def _shared_gpus(envs: list[dict]) -> list[Finding]:
@@ -125,10 +198,10 @@ def _shared_gpus(envs: list[dict]) -> list[Finding]:
         fix="Call `torch.cuda.set_device(int(os.environ['LOCAL_RANK']))` before init_process_group and put the "
             "model on that device (`DDP(model, device_ids=[local_rank])`); run at most one rank per visible GPU "
             "(`--nproc-per-node` = GPUs per node).",
-        evidence={"kind": "shared-gpu", "gpus": [
+        evidence=SharedGpu(gpus=[
             {"host": host, "gpu": gpu, "ranks": [e["rank"] for e in group],
              "local_ranks": [e["local_rank"] for e in group], "device_index": group[0]["device"]["index"]}
-            for host, gpu, group in shared]})]
+            for host, gpu, group in shared]))]
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -140,8 +213,8 @@ def analyze(evidence: Evidence) -> CheckResult:
                 *_version_finding(envs, WARNING_VERSIONS, "warning"), *_nccl_variables(envs)]
     if findings:
         return CheckResult(findings=findings, summary="; ".join(
-            f.evidence["kind"].replace("-", " ") + " differ" if f.evidence["kind"] != "shared-gpu"
-            else "ranks share a GPU" for f in findings))
+            "ranks share a GPU" if isinstance(f.evidence, SharedGpu) else f.evidence.kind.replace("-", " ") + " differ"
+            for f in findings))
     first = envs[0]
     gpus = sum(1 for e in envs if e.get("device"))
     summary = (f"{len(envs)} ranks alike: torch {first['torch']}, CUDA {first['cuda'] or 'none'}, "
@@ -150,4 +223,5 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 CHECK = Check(id=ID, title="every rank runs the same environment", analyze=analyze, docs=DOCS, order=110, probes=('environment',),
+              evidence=(VersionsDiffer, NcclVariablesDiffer, SharedGpu), explains=EXPLAINS,
               sources=frozenset({RUN, ENVIRONMENT}))

@@ -11,9 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-__all__ = ["COLLECTIVE_MISMATCH", "DecodedError", "decode", "last_error_line"]
+__all__ = ["COLLECTIVE_MISMATCH", "DUPLICATE_GPU", "DecodedError", "decode", "last_error_line"]
 
 COLLECTIVE_MISMATCH = "collective-mismatch"  # the backend itself saw the ranks' collectives differ
+DUPLICATE_GPU = "duplicate-gpu"  # NCCL's "Duplicate GPU detected": two ranks on one GPU
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ _PATTERNS = (
        "Run the check on a machine with GPUs (the simulation is off there), or skip this call when "
        "`not torch.cuda.is_available()` or under ddpdoctor (DDPDOCTOR_ACTIVE is set); --device native turns "
        "the simulation off."),
-    _p("duplicate-gpu", r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)",
+    _p(DUPLICATE_GPU, r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)",
        "two ranks use the same GPU (NCCL: \"Duplicate GPU detected\"): NCCL needs one process per GPU",
        _ONE_PROCESS_PER_GPU),
     _p("negative-device-index", r"Device index must not be negative|device id must be non-negative",

@@ -7,7 +7,7 @@ from builders import init_pg, make_evidence
 from ddpdoctor.analysis.api import Finding
 from ddpdoctor.analysis.causality import link
 from ddpdoctor.analysis.rank_environments import physical_gpu, rank_environments
-from ddpdoctor.checks import env_consistency
+from ddpdoctor.checks import env_consistency, rank_failure
 from ddpdoctor.rank.probes.environment import driver_from_proc, relevant_variables
 from ddpdoctor.schema import events as ev
 
@@ -102,14 +102,14 @@ def test_one_rank_or_no_environment_skips():
 
 def test_the_duplicate_gpu_crash_is_a_consequence_of_the_shared_gpu():
     shared = Finding(check="env-consistency", severity="error", message="ranks share a GPU", fix="set_device",
-                     ranks=(0, 1), evidence={"kind": "shared-gpu"})
+                     ranks=(0, 1), evidence=env_consistency.SharedGpu())
     crash = Finding(check="rank-failure", severity="error", message="rank 1 raised DistBackendError", fix="...",
-                    ranks=(1,), evidence={"decoded": {"code": "duplicate-gpu"}, "secondary_only": False})
+                    ranks=(1,), evidence=rank_failure.Failed(decoded={"code": "duplicate-gpu"}, secondary_only=False))
     (root,) = link([crash, shared])
     assert root.check == "env-consistency"
     assert [c.check for c in root.consequences] == ["rank-failure"]
     other = Finding(check="rank-failure", severity="error", message="rank 1 raised ValueError", fix="...",
-                    ranks=(1,), evidence={"secondary_only": False})
+                    ranks=(1,), evidence=rank_failure.Failed(secondary_only=False))
     assert len(link([other, shared])) == 2, "an unrelated crash stays a root of its own"
 
 
