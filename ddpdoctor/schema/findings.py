@@ -191,7 +191,7 @@ class EvidenceRecord:
             yield info.key or f.name, value, info
 
     @classmethod
-    def _fields(cls) -> list[tuple[dataclasses.Field, FieldInfo]]:
+    def _fields(cls) -> list[tuple[dataclasses.Field[Any], FieldInfo]]:
         cached = cls.__dict__.get("_field_infos")
         if cached is None:
             cached = [(f, f.metadata.get(_INFO) or FieldInfo()) for f in dataclasses.fields(cls)]
@@ -356,6 +356,7 @@ class Finding:
     def from_json(cls, data: Mapping[str, Any]) -> "Finding":
         """Back from :meth:`to_json`, so a saved report can be rendered again (unknown keys ignored)."""
         return cls(check=data["check"], severity=Severity.parse(data["severity"]), message=data["message"],
-                   fix=data["fix"], ranks=tuple(data.get("ranks", ())), location=Location.from_site(data.get("location")),
+                   fix=data["fix"], ranks=tuple(data.get("ranks", ())),
+                   location=Location.from_site(data.get("location")),
                    evidence=_evidence_from_json(data["check"], data.get("evidence")),
                    consequences=tuple(Consequence.from_json(c) for c in data.get("consequences", ())))

@@ -13,16 +13,18 @@ from __future__ import annotations
 import base64
 import sys
 from array import array
-from typing import Optional, Sequence
+from typing import Optional, Sequence, TypeVar
 
 __all__ = ["Fingerprint", "encode_fingerprints", "decode_fingerprints", "intern"]
 
-Fingerprint = Optional[list]  # [word sum] (or, before schema 4, [norm, max]); None for a missing tensor
+Fingerprint = Optional[list[float]]  # [word sum] (or, before schema 4, [norm, max]); None for a missing tensor
 
 _WORDS = "w:"
 
+_Number = TypeVar("_Number", int, float)
 
-def _little_endian(values: array) -> array:
+
+def _little_endian(values: array[_Number]) -> array[_Number]:
     if sys.byteorder != "little":  # pragma: no cover - every supported platform is little-endian
         values.byteswap()
     return values

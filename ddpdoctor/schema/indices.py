@@ -71,7 +71,8 @@ def _decode_part(part: str) -> IndexArray:
 
 def decode_indices(encoded: str) -> list[int]:
     """Inverse of :func:`encode_indices`: the sorted index list."""
-    return decode_array(encoded).tolist()
+    indices: list[int] = decode_array(encoded).tolist()
+    return indices
 
 
 def merge_encoded(parts: Iterable[str]) -> str:

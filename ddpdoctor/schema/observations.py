@@ -16,7 +16,7 @@ from typing import Any, Optional
 __all__ = ["Heartbeat", "StackDump", "RankState", "StopSnapshot", "Failure", "Outcome", "Observations"]
 
 
-def _known(cls: type, data: dict) -> dict:
+def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
 
@@ -46,20 +46,20 @@ class Heartbeat:
     epoch: Optional[int] = None
     seq: int = 0
     activity: str = "starting"
-    site: Optional[dict] = None
-    last_collective: Optional[dict] = None  # {"op", "n", "site"}: what this rank last enqueued
+    site: Optional[dict[str, Any]] = None
+    last_collective: Optional[dict[str, Any]] = None  # {"op", "n", "site"}: what this rank last enqueued
     state: str = "starting"
     detail: Optional[str] = None
     since: Optional[float] = None  # wall time the state (with its detail) began
-    where: Optional[dict] = None  # {"file", "line", "function"}: the innermost frame of the user's code
+    where: Optional[dict[str, Any]] = None  # {"file", "line", "function"}: the innermost frame of the user's code
     passes: int = 0  # passes over the training loader completed (the epoch, when set_epoch is never called)
-    exit: Optional[dict] = None  # how the script ended: {"code", "exception", "cut"}
+    exit: Optional[dict[str, Any]] = None  # how the script ended: {"code", "exception", "cut"}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Heartbeat":
+    def from_json(cls, data: dict[str, Any]) -> "Heartbeat":
         return cls(**_known(cls, data))
 
 
@@ -69,13 +69,13 @@ class StackDump:
 
     token: str
     heartbeat: Heartbeat
-    stack: list = field(default_factory=list)  # [{"file", "line", "function", "code", "user"}]
+    stack: list[dict[str, Any]] = field(default_factory=list)  # [{"file", "line", "function", "code", "user"}]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"token": self.token, "heartbeat": self.heartbeat.to_json(), "stack": self.stack}
 
     @classmethod
-    def from_json(cls, data: dict) -> "StackDump":
+    def from_json(cls, data: dict[str, Any]) -> "StackDump":
         return cls(token=data.get("token", ""), heartbeat=Heartbeat.from_json(data.get("heartbeat") or {"pid": 0}),
                    stack=list(data.get("stack") or []))
 
@@ -94,15 +94,15 @@ class RankState:
     waiting_in: Optional[str] = None
     stalled_s: Optional[float] = None
     heartbeat: Optional[Heartbeat] = None
-    stack: list = field(default_factory=list)
+    stack: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["heartbeat"] = self.heartbeat.to_json() if self.heartbeat else None
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> "RankState":
+    def from_json(cls, data: dict[str, Any]) -> "RankState":
         values = _known(cls, data)
         if isinstance(values.get("heartbeat"), dict):
             values["heartbeat"] = Heartbeat.from_json(values["heartbeat"])
@@ -121,18 +121,18 @@ class StopSnapshot:
 
     reason: str
     threshold_s: float
-    ranks: dict = field(default_factory=dict)  # int rank -> RankState
+    ranks: dict[int, RankState] = field(default_factory=dict)
     signal: Optional[str] = None
     t: float = 0.0  # wall time of the decision (of the signal): errors raised after it come from stopping the job
     signal_rank: Optional[int] = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "threshold_s": self.threshold_s, "signal": self.signal, "t": self.t,
                 "signal_rank": self.signal_rank,
                 "ranks": {str(r): s.to_json() for r, s in sorted(self.ranks.items())}}
 
     @classmethod
-    def from_json(cls, data: dict) -> "StopSnapshot":
+    def from_json(cls, data: dict[str, Any]) -> "StopSnapshot":
         return cls(reason=data["reason"], threshold_s=float(data.get("threshold_s") or 0.0), signal=data.get("signal"),
                    t=float(data.get("t") or 0.0), signal_rank=data.get("signal_rank"),
                    ranks={int(r): RankState.from_json(s) for r, s in (data.get("ranks") or {}).items()})
@@ -149,11 +149,11 @@ class Failure:
     pid: Optional[int] = None
     t: float = 0.0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> "Failure":
+    def from_json(cls, data: dict[str, Any]) -> "Failure":
         return cls(**_known(cls, data))
 
 
@@ -186,26 +186,27 @@ class Observations:
     launch_mode: str = "torchrun"
     # {"mode", "detected" (existing launch: "torchrun" | "slurm" | "environment"), "exported" (variables ddpdoctor
     # set for the script), "scheduler" ({"name": "slurm", "job_id", "step_id", "nodes", "num_tasks", ...})}
-    launch: dict = field(default_factory=dict)
-    failures: list = field(default_factory=list)  # [Failure]
+    launch: dict[str, Any] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
     stop: Optional[StopSnapshot] = None
     timeout_s: Optional[float] = None
-    output_tails: dict = field(default_factory=dict)  # int rank -> last lines of its output
-    missing_ranks: list = field(default_factory=list)
-    stalls: list = field(default_factory=list)  # [StopSnapshot]: no-progress episodes that resolved
+    output_tails: dict[int, list[str]] = field(default_factory=dict)  # rank -> last lines of its output
+    missing_ranks: list[int] = field(default_factory=list)
+    stalls: list[StopSnapshot] = field(default_factory=list)  # no-progress episodes that resolved
     min_busbw_gbps: Optional[float] = None  # --min-busbw: the collective-bandwidth check's floor
-    launcher_log: list = field(default_factory=list)  # torchrun's own log lines, kept off the screen
+    launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines, kept off the screen
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
-                "launch_mode": self.launch_mode, "launch": self.launch, "failures": [f.to_json() for f in self.failures],
+                "launch_mode": self.launch_mode, "launch": self.launch,
+                "failures": [f.to_json() for f in self.failures],
                 "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
                 "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
                 "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls],
                 "min_busbw_gbps": self.min_busbw_gbps, "launcher_log": list(self.launcher_log)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Observations":
+    def from_json(cls, data: dict[str, Any]) -> "Observations":
         return cls(outcome=data.get("outcome", "completed"), world_size=int(data.get("world_size") or 0),
                    nnodes=int(data.get("nnodes") or 1), launch_mode=data.get("launch_mode", "torchrun"),
                    launch=dict(data.get("launch") or {}),

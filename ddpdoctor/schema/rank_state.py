@@ -12,7 +12,7 @@ A stack is a list of frames, outermost first: ``{"file", "line", "function", "co
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["classify", "live_state", "DDP_FILE", "STATES", "DDP_GRADIENT_ALLREDUCE"]
 
@@ -41,11 +41,11 @@ STATES = ("starting", "importing", "computing", "waiting", "loading data", "savi
           "loading a checkpoint", "finished", "crashed")
 
 
-def _files(stack: list[dict]) -> list[str]:
+def _files(stack: list[dict[str, Any]]) -> list[str]:
     return [(f.get("file") or "").replace("\\", "/") for f in stack]
 
 
-def classify(stack: list[dict], activity: str = "") -> tuple[str, Optional[str]]:
+def classify(stack: list[dict[str, Any]], activity: str = "") -> tuple[str, Optional[str]]:
     """(state, what it waits in) of a stalled rank: "waiting", "busy" or "computing".
 
     ``activity`` is the probes' note (``"in barrier #4"`` while inside a traced collective)."""
@@ -61,7 +61,8 @@ def classify(stack: list[dict], activity: str = "") -> tuple[str, Optional[str]]
     if any("torch/autograd" in path for path in files):
         return "waiting", BACKWARD
     if any("torch/distributed" in path for path in files):
-        inner = next((f for f, p in zip(reversed(stack), reversed(files)) if "torch/distributed" in p), {})
+        inner: dict[str, Any] = next(
+            (f for f, p in zip(reversed(stack), reversed(files)) if "torch/distributed" in p), {})
         return "waiting", f"a torch.distributed call ({inner.get('function', '?')})"
     if ddp_frames:
         return "waiting", "DDP's forward"
@@ -74,7 +75,7 @@ def classify(stack: list[dict], activity: str = "") -> tuple[str, Optional[str]]
     return "busy", _busy_in(stack, files) + caller
 
 
-def _busy_in(stack: list[dict], files: list[str]) -> str:
+def _busy_in(stack: list[dict[str, Any]], files: list[str]) -> str:
     """The library call a busy rank is in: a known torch component, else the innermost frame."""
     for needle, what in _KNOWN_BUSY:
         if any(needle in path for path in files):
@@ -83,7 +84,8 @@ def _busy_in(stack: list[dict], files: list[str]) -> str:
     return f"{innermost.get('function')} ({innermost.get('file', '').rsplit('/', 1)[-1]})"
 
 
-def live_state(stack: list[dict], activity: str = "", *, gradients_complete: bool = False) -> tuple[str, Optional[str]]:
+def live_state(stack: list[dict[str, Any]], activity: str = "", *,
+               gradients_complete: bool = False) -> tuple[str, Optional[str]]:
     """(state, detail) for the live view, from a rank's stack at this instant (not a stalled one).
 
     ``gradients_complete``: every parameter of the DDP module(s) already got its gradient in this
