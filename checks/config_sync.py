@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import ConfigDivergence
+from ddpdoctor.analysis.symptoms import Divergence, ParametersUnused, RankFailed, ReplicasDiverged
 from ddpdoctor.schema.events import ConfigState, ModeChange, OptimizerInfo, ParamGroupsWrite, Step
 from ddpdoctor.schema.sampling import describe
 
@@ -66,6 +68,57 @@ the same state another way, or a sharded optimizer's ranks, are not compared thi
 """
 
 SENSITIVE = ("Dropout", "BatchNorm", "InstanceNorm", "MultiheadAttention", "Transformer")
+
+
+@dataclass(frozen=True)
+class StateRestored(EvidenceRecord):
+    """An optimizer's state restored (load_state_dict) on some ranks only: each rank's state."""
+
+    discriminator = {"what": "optimizer state"}
+    what: str = evidence_field(label="differs", default="optimizer state")
+    optimizer: int = evidence_field(hidden=True, default=0)
+    step: int = evidence_field(label="optimizer step", default=1)
+    restored_on: list[int] = evidence_field(default_factory=list)
+    not_restored_on: list[int] = evidence_field(default_factory=list)
+    restored_at: Optional[dict[str, Any]] = evidence_field(keep_none=True)
+    state: dict[str, str] = evidence_field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SettingsDiffer(EvidenceRecord):
+    """The first step at which the ranks' settings differ: each difference in words (``what``) and as a
+    record (``differs``: [{what, key, label, values, text}], for tools), and the call that changed one."""
+
+    what: list[str] = evidence_field(label="differs", default_factory=list)
+    step: int = evidence_field(label="optimizer step", default=0)
+    optimizer: int = evidence_field(hidden=True, default=0)
+    changed_by: Optional[dict[str, Any]] = evidence_field(keep_none=True)
+    last_identical_step: Optional[int] = evidence_field(keep_none=True)
+    rank_groups: list[list[int]] = evidence_field(hidden=True, default_factory=list)
+    differs: list[dict[str, Any]] = evidence_field(hidden=True, default_factory=list)
+
+    @property
+    def frozen(self) -> bool:
+        """Parameters are frozen (requires_grad) on some ranks and not on others."""
+        return any(d.get("what") == "frozen" for d in self.differs)
+
+
+def _follows_settings(symptom: Finding, cause: Finding) -> bool:
+    """Replicas that drift apart at or after the step where the ranks' settings first differ (a
+    learning rate, a loss scale); with parameters frozen on some ranks only, DDP's missing gradients."""
+    seen, settings = symptom.evidence, cause.evidence
+    if isinstance(seen, ReplicasDiverged):
+        return (seen.case in (Divergence.PARAMS_MODIFIED, Divergence.MODIFIED_AFTER_BACKWARD,
+                              Divergence.REDUCTION_INCOMPLETE)
+                and (seen.step or 0) >= (settings.step or 0))
+    frozen = isinstance(settings, SettingsDiffer) and settings.frozen
+    return frozen and (isinstance(seen, ParametersUnused) or (isinstance(seen, RankFailed) and bool(seen.reduction_error)))
+
+
+EXPLAINS = (
+    # Ranks train with different settings: the divergence that follows is its consequence.
+    Explains("settings differ by rank", _follows_settings, cause=lambda f: f.severity == "error", priority=10),
+)
 
 
 def _state(evidence: Evidence, rank: int, step: Step) -> Optional[ConfigState]:
@@ -217,7 +270,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     restored = _state_restored_on_some_ranks(evidence)
     if restored is not None:  # the settings that differ too (a `fused` flag the checkpoint brought) follow from it
         return CheckResult(findings=[restored], summary=f"an optimizer's state was restored on "
-                                                        f"{_ranks(restored.evidence['restored_on'])} only")
+                                                        f"{_ranks(restored.evidence.restored_on)} only")
     div, num_compared = evidence.facts.config_divergence
     if num_compared == 0:
         return CheckResult(summary="no optimizer step of a DDP model was seen on two ranks", applicable=False)
@@ -268,9 +321,9 @@ def _state_restored_on_some_ranks(evidence: Evidence) -> Optional[Finding]:
                "model's weights are.")
         return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(sorted(infos)),
                        location=location,
-                       evidence={"what": "optimizer state", "optimizer": opt, "step": 1, "restored_on": restored,
-                                 "not_restored_on": fresh, "restored_at": location.to_json() if location else None,
-                                 "state": {str(r): _state_text(i) for r, i in sorted(infos.items())}})
+                       evidence=StateRestored(optimizer=opt, step=1, restored_on=restored, not_restored_on=fresh,
+                                              restored_at=location.to_json() if location else None,
+                                              state={str(r): _state_text(i) for r, i in sorted(infos.items())}))
     return None
 
 
@@ -304,15 +357,9 @@ def _finding(evidence: Evidence, div: ConfigDivergence) -> Finding:
     elif changed and changed.get("optimizer_built_at"):
         message += f"; the values differ since the optimizer was built ({short_site(location)})"
     fix = _fix(kinds)
-    evidence_out = {
-        "what": [f"{d['label']}: {d['text']}" for d in diffs],
-        "step": div.step,
-        "optimizer": div.optimizer,
-        "changed_by": changed,
-        "last_identical_step": div.last_identical_step,
-        "rank_groups": div.groups,
-        "differs": diffs,
-    }
+    evidence_out = SettingsDiffer(what=[f"{d['label']}: {d['text']}" for d in diffs], step=div.step,
+                                  optimizer=div.optimizer, changed_by=changed,
+                                  last_identical_step=div.last_identical_step, rank_groups=div.groups, differs=diffs)
     return Finding(check=ID, severity="error", message=message, fix=fix, ranks=ranks, location=location,
                    evidence=evidence_out)
 
@@ -336,4 +383,5 @@ def _fix(kinds: set[str]) -> str:
     return " ".join(fixes) or "Make every rank build and configure the model and the optimizer identically."
 
 
-CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS, order=130, probes=('optimizer', 'config'))
+CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS, order=130, probes=('optimizer', 'config'),
+              evidence=(StateRestored, SettingsDiffer), explains=EXPLAINS)

@@ -54,20 +54,7 @@ def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
     return lambda finding, _cause: predicate(finding)
 
 
-def _follows_config(finding: Finding, cause: Finding) -> bool:
-    """Replicas that drift apart at or after the step where the ranks' settings first differ (a
-    learning rate, a loss scale); with parameters frozen on some ranks only, DDP's missing gradients."""
-    if finding.check == "gradient-sync":
-        return (finding.evidence.get("case") in ("params-modified", "modified-after-backward", "reduction-incomplete")
-                and (finding.evidence.get("step") or 0) >= (cause.evidence.get("step") or 0))
-    frozen = any(d.get("what") == "frozen" for d in cause.evidence.get("differs") or [])
-    return frozen and (finding.check == "unused-parameters"
-                       or (finding.check == "rank-failure" and bool(finding.evidence.get("reduction_error"))))
-
-
 _LEGACY_RULES: list[Rule] = [
-    # Ranks train with different settings: the divergence that follows is its consequence.
-    Rule("settings differ by rank", _is("config-sync", severities=("error",)), _follows_config, priority=10),
     # No process group at all, or nn.DataParallel in every process: independent copies of the
     # script; what they disagree on follows.
     Rule("never distributed", _is("not-distributed", kind=("no-process-group", "data-parallel")),

@@ -6,7 +6,7 @@ from builders import (SCRIPT, config_state, ddp_wrap, fp, make_evidence, merge, 
                       param_groups_write, step)
 
 from ddpdoctor.analysis import causality
-from ddpdoctor.analysis.api import Location
+from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.checks import config_sync, gradient_sync
 from ddpdoctor.checks.config_sync import analyze
 
@@ -131,6 +131,20 @@ def test_the_divergence_that_follows_a_learning_rate_difference_is_its_consequen
     (root,) = causality.link(findings)
     assert root.check == "config-sync"
     assert [(c.check, c.evidence["case"]) for c in root.consequences] == [("gradient-sync", "params-modified")]
+
+
+def test_parameters_frozen_on_some_ranks_explain_ddps_missing_gradients_and_its_crash():
+    """Read back as saved reports are: the rule is written against symptom kinds, not check ids."""
+    def finding(check, severity="error", **evidence):
+        return Finding.from_json({"check": check, "severity": severity, "message": check, "fix": "", "evidence": evidence})
+
+    frozen = finding("config-sync", what=["requires_grad: ..."], step=3, differs=[{"what": "frozen", "key": "0"}])
+    lr = finding("config-sync", what=["`lr`: ..."], step=3, differs=[{"what": "hyperparameter", "key": "0:lr"}])
+    unused, crash = finding("unused-parameters", unused=["head.weight"]), finding("rank-failure", reduction_error=True)
+    (root,) = causality.link([frozen, unused, crash])
+    assert [c.check for c in root.consequences] == ["unused-parameters", "rank-failure"]
+    roots = causality.link([lr, finding("unused-parameters", "warning", never_used=["head.weight"])])
+    assert [r.check for r in roots] == ["config-sync", "unused-parameters"]
 
 
 def test_a_divergence_before_the_settings_differ_is_its_own_root():
