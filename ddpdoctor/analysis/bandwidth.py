@@ -10,7 +10,7 @@ bytes per second.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import CollectiveBenchmark
@@ -42,7 +42,7 @@ def bandwidths(op: str, num_bytes: int, time_us: float, world_size: int) -> tupl
     return algbw, algbw * bus_factor(op, world_size)
 
 
-def collective_benchmark(evidence: Evidence) -> Optional[dict]:
+def collective_benchmark(evidence: Evidence) -> Optional[dict[str, Any]]:
     """The report field: {backend, device, world_size, rows: [{op, bytes, time_us, algbw_gbps,
     busbw_gbps, slowest_rank, slowest_host, slowest_time_us}], skipped}; None when no rank ran it."""
     per_rank = {rank: event for rank, event in evidence.events(CollectiveBenchmark)}  # the last one per rank
@@ -71,9 +71,9 @@ def collective_benchmark(evidence: Evidence) -> Optional[dict]:
                                                                                         TIME_CONVENTION]}
 
 
-def peak_busbw(benchmark: dict) -> dict[str, dict]:
+def peak_busbw(benchmark: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per op, the row with the highest bus bandwidth (usually the largest size)."""
-    peaks: dict[str, dict] = {}
+    peaks: dict[str, dict[str, Any]] = {}
     for row in benchmark.get("rows", []):
         if row["op"] not in peaks or row["busbw_gbps"] > peaks[row["op"]]["busbw_gbps"]:
             peaks[row["op"]] = row

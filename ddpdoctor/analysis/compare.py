@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-Fingerprint = Optional[list]
+from ddpdoctor.schema.fingerprints import Fingerprint
 
 RTOL = 1e-6  # identical replicas agree to the bit; this only absorbs float32 rounding of equal values
 

@@ -29,7 +29,7 @@ class DecodedError:
 @dataclass(frozen=True)
 class _Pattern:
     code: str
-    regex: re.Pattern
+    regex: re.Pattern[str]
     cause: str
     fix: str
     secondary: bool = False
@@ -90,7 +90,8 @@ _PATTERNS = (
        "Find the rank that never called the collective (ddpdoctor's collective-hang check, with --hang-timeout, "
        "reports it long before NCCL's timeout).", secondary=True),
     _p("nccl-aborted", r"NCCL communicator was aborted|communicator was aborted",
-       "the NCCL communicator was aborted because another rank failed", "Fix the first failure.", secondary=True, nccl_only=True),
+       "the NCCL communicator was aborted because another rank failed", "Fix the first failure.",
+       secondary=True, nccl_only=True),
     _p("nccl-remote-error", r"ncclRemoteError|remote process exited or there was a network error",
        "NCCL lost a peer: another rank exited, or the network between nodes failed",
        "Look for the rank that failed first; if none did, check the network between nodes (NCCL_SOCKET_IFNAME, "
@@ -100,7 +101,8 @@ _PATTERNS = (
        "Check the interface NCCL uses (NCCL_SOCKET_IFNAME), firewalls between nodes, and /dev/shm size in "
        "containers (docker --shm-size / --ipc=host); NCCL_DEBUG=INFO shows the failing call.", nccl_only=True),
     _p("nccl-cuda-error", r"ncclUnhandledCudaError|unhandled cuda error",
-       "a CUDA call inside NCCL failed", "Read the CUDA error in the detail; NCCL_DEBUG=INFO shows the failing call.", nccl_only=True),
+       "a CUDA call inside NCCL failed",
+       "Read the CUDA error in the detail; NCCL_DEBUG=INFO shows the failing call.", nccl_only=True),
     _p("nccl-invalid-usage", r"ncclInvalidUsage|invalid usage",
        "NCCL rejected how it was used (invalid usage)",
        "Read NCCL's last error below; NCCL_DEBUG=WARN prints it in the rank's output.", nccl_only=True),

@@ -18,7 +18,7 @@ reported. Pure: evidence in, evidence trimmed in place, a summary of what was le
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import Collective, ContentPass, Event, LoaderPass, Step
@@ -36,7 +36,7 @@ class LeftOut:
     steps: dict[int, int] = field(default_factory=dict)
     collectives: dict[int, int] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"passes": self.passes, "steps": {str(r): n for r, n in sorted(self.steps.items())},
                 "collectives": {str(r): n for r, n in sorted(self.collectives.items())}}
 

@@ -9,7 +9,7 @@ index maps to, so two ranks of one host that see different GPU subsets still com
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.schema.events import DDPWrap, InitProcessGroup, RankDevices, RankEnvironment
@@ -17,7 +17,7 @@ from ddpdoctor.schema.events import DDPWrap, InitProcessGroup, RankDevices, Rank
 __all__ = ["rank_environments", "physical_gpu"]
 
 
-def _used_device(ev: RankEvidence, devices: Optional[RankDevices]) -> Optional[dict]:
+def _used_device(ev: RankEvidence, devices: Optional[RankDevices]) -> Optional[dict[str, Any]]:
     for wrap in ev.of(DDPWrap):
         kind, _, index = (wrap.device or "").partition(":")
         if kind == "cuda":
@@ -28,7 +28,7 @@ def _used_device(ev: RankEvidence, devices: Optional[RankDevices]) -> Optional[d
     return None
 
 
-def _environment(rank: int, ev: RankEvidence) -> Optional[dict]:
+def _environment(rank: int, ev: RankEvidence) -> Optional[dict[str, Any]]:
     env = ev.first(RankEnvironment)
     if env is None:
         return None
@@ -47,7 +47,7 @@ def _environment(rank: int, ev: RankEvidence) -> Optional[dict]:
             "variables": dict(env.variables)}
 
 
-def rank_environments(evidence: Evidence) -> list[dict]:
+def rank_environments(evidence: Evidence) -> list[dict[str, Any]]:
     """One entry per rank that recorded its environment, by rank."""
     out = []
     for rank, ev in sorted(evidence.ranks.items()):
@@ -57,7 +57,7 @@ def rank_environments(evidence: Evidence) -> list[dict]:
     return out
 
 
-def physical_gpu(env: dict) -> Optional[str]:
+def physical_gpu(env: dict[str, Any]) -> Optional[str]:
     """An id of the GPU a rank used, equal for two ranks on one GPU of one host; None: no GPU used."""
     device = env.get("device")
     if not device:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from ddpdoctor.analysis.api import Finding
 
@@ -28,7 +28,7 @@ class Suppression:
         return (finding.location is not None and finding.location.file == self.file
                 and finding.location.line == self.line and finding.check in self.checks)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "checks": list(self.checks), "reason": self.reason}
 
 
