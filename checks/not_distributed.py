@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.symptoms import EpochNotSet, IterationsUneven, NotDistributed, ReplicasDiverged, SamplesOverlap
 from ddpdoctor.schema.events import DataParallelWrap, InitProcessGroup, Step
 
 from ._common import first_site
@@ -49,6 +51,75 @@ sampler = DistributedSampler(dataset)
 or keep `nn.DataParallel` and start one plain `python train.py` process instead of torchrun.
 """
 
+NO_PROCESS_GROUP, DATA_PARALLEL = "no-process-group", "data-parallel"
+
+
+@dataclass(frozen=True)
+class NoProcessGroup(EvidenceRecord, NotDistributed):
+    """The script never called init_process_group: independent copies ran."""
+
+    discriminator = {"kind": NO_PROCESS_GROUP}
+    kind: str = evidence_field(hidden=True, default=NO_PROCESS_GROUP)
+    processes: Optional[int] = evidence_field(label="processes")
+
+
+@dataclass(frozen=True)
+class NoTraining(EvidenceRecord, NotDistributed):
+    """A process group, but no DDP model and no optimizer step."""
+
+    discriminator = {"kind": "no-training"}
+    kind: str = evidence_field(hidden=True, default="no-training")
+    optimizer_steps: Optional[int] = evidence_field(label="optimizer steps")
+
+
+@dataclass(frozen=True)
+class AveragedByHand(EvidenceRecord, NotDistributed):
+    """No DDP, yet the gradients matched across ranks: the script averages them itself."""
+
+    discriminator = {"kind": "averaged-by-hand"}
+    kind: str = evidence_field(hidden=True, default="averaged-by-hand")
+    steps_compared: Optional[int] = evidence_field(label="steps compared")
+
+
+@dataclass(frozen=True)
+class NoDdp(EvidenceRecord, NotDistributed):
+    """A process group and optimizer steps, but no model wrapped in DDP."""
+
+    discriminator = {"kind": "no-ddp"}
+    kind: str = evidence_field(hidden=True, default="no-ddp")
+    optimizer_steps: Optional[int] = evidence_field(label="optimizer steps")
+
+
+@dataclass(frozen=True)
+class DataParallelWrapped(EvidenceRecord, NotDistributed):
+    """nn.DataParallel in every process of a multi-process launch (``kind``: "data-parallel", or
+    "no-process-group" when the script never called init_process_group either)."""
+
+    kind: Optional[str] = evidence_field(hidden=True)
+    module: Optional[str] = evidence_field()
+    device_ids: list[int] = evidence_field(default_factory=list)
+    processes: Optional[int] = evidence_field(label="processes")
+
+
+def _never_distributed(finding: Finding) -> bool:
+    """No process group at all, or nn.DataParallel in every process: independent copies of the script."""
+    return (finding.severity in (Severity.ERROR, Severity.WARNING)
+            and isinstance(finding.evidence, (NoProcessGroup, DataParallelWrapped))
+            and finding.evidence.kind in (NO_PROCESS_GROUP, DATA_PARALLEL))
+
+
+def _disagreement_of_copies(symptom: Finding, _cause: Finding) -> bool:
+    """What independent copies disagree on: the samples they draw, their replicas, their epochs, their
+    batch counts."""
+    return isinstance(symptom.evidence, (SamplesOverlap, ReplicasDiverged, EpochNotSet, IterationsUneven))
+
+
+EXPLAINS = (
+    # No process group at all, or nn.DataParallel in every process: independent copies of the
+    # script; what they disagree on follows.
+    Explains("never distributed", _disagreement_of_copies, cause=_never_distributed, priority=40),
+)
+
 _DATA_PARALLEL_FIX = (
     "Use one process per GPU with DDP: `dist.init_process_group(\"nccl\")`, "
     "`torch.cuda.set_device(local_rank)` with `local_rank = int(os.environ[\"LOCAL_RANK\"])`, "
@@ -77,9 +148,9 @@ def _data_parallel_finding(evidence: Evidence, where: tuple[Optional[Location], 
         check=ID, severity="error", ranks=ranks, location=location,
         message=(f"{wrapped}, not in DistributedDataParallel: {tail}" if process_group else f"{wrapped}: {tail}"),
         fix=_DATA_PARALLEL_FIX,
-        evidence={"kind": "data-parallel" if process_group else "no-process-group", "module": event.module,
-                  "device_ids": list(event.device_ids),
-                  "processes": len(evidence.ranks) + (1 if evidence.unranked else 0)})
+        evidence=DataParallelWrapped(kind=DATA_PARALLEL if process_group else NO_PROCESS_GROUP, module=event.module,
+                                     device_ids=list(event.device_ids),
+                                     processes=len(evidence.ranks) + (1 if evidence.unranked else 0)))
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -102,7 +173,7 @@ def analyze(evidence: Evidence) -> CheckResult:
             message=f"the script never called torch.distributed.init_process_group: {copies}, nothing was distributed",
             fix=("Call torch.distributed.init_process_group(backend) at start-up (env:// picks up torchrun's "
                  "variables), wrap the model in DistributedDataParallel and shard data with DistributedSampler."),
-            evidence={"kind": "no-process-group", "processes": len(evidence.ranks) + (1 if evidence.unranked else 0)},
+            evidence=NoProcessGroup(processes=len(evidence.ranks) + (1 if evidence.unranked else 0)),
         )])
     if facts.ddp_wraps:
         return CheckResult(summary="process group initialized and model wrapped in DDP")
@@ -114,7 +185,7 @@ def analyze(evidence: Evidence) -> CheckResult:
             message="a process group was initialized but no model was wrapped in DistributedDataParallel and no "
                     "optimizer stepped: there was no distributed training to check",
             fix="Wrap the model in DistributedDataParallel and train through it, or run a script that trains.",
-            evidence={"kind": "no-training", "optimizer_steps": 0})])
+            evidence=NoTraining(optimizer_steps=0))])
     divergence, compared = facts.divergence
     if compared and divergence is None:
         return CheckResult(summary="no DDP, gradients synchronized by hand", findings=[Finding(
@@ -122,12 +193,13 @@ def analyze(evidence: Evidence) -> CheckResult:
             message=f"no model is wrapped in DistributedDataParallel, yet gradients matched across ranks in "
                     f"{compared} steps: they are averaged by hand",
             fix="Consider DistributedDataParallel: it overlaps the all-reduce with the backward pass.",
-            evidence={"kind": "averaged-by-hand", "steps_compared": compared})])
+            evidence=AveragedByHand(steps_compared=compared))])
     return CheckResult(summary="no DDP model", findings=[Finding(
         check=ID, severity="warning", ranks=tuple(sorted(evidence.ranks)), location=location,
         message="a process group was initialized but the model was never wrapped in DistributedDataParallel",
         fix="Wrap the model: `model = DistributedDataParallel(model)`, and train through the wrapper.",
-        evidence={"kind": "no-ddp", "optimizer_steps": len(steps)})])
+        evidence=NoDdp(optimizer_steps=len(steps)))])
 
 
-CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS, order=100, probes=('data_parallel',))
+CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS, order=100, probes=('data_parallel',),
+              evidence=(NoProcessGroup, NoTraining, AveragedByHand, NoDdp, DataParallelWrapped), explains=EXPLAINS)

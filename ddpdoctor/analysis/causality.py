@@ -55,10 +55,6 @@ def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
 
 
 _LEGACY_RULES: list[Rule] = [
-    # No process group at all, or nn.DataParallel in every process: independent copies of the
-    # script; what they disagree on follows.
-    Rule("never distributed", _is("not-distributed", kind=("no-process-group", "data-parallel")),
-         lambda f, _c: f.check in ("sampler-disjoint", "gradient-sync", "set-epoch", "uneven-inputs"), priority=40),
     # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
     Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed"), priority=50),
 ]

@@ -22,7 +22,7 @@ def test_no_process_group_is_an_error_naming_the_independent_copies():
     assert finding.location is None
     assert finding.message == ("the script never called torch.distributed.init_process_group: 2 independent copies "
                                "of the script ran, nothing was distributed")
-    assert finding.evidence == {"kind": "no-process-group", "processes": 2}
+    assert finding.evidence.to_json() == {"kind": "no-process-group", "processes": 2}
     assert "init_process_group" in finding.fix
     assert result.status == "fail"
 
@@ -33,7 +33,7 @@ def test_a_lone_unranked_process_without_process_group_is_an_error():
     assert finding.severity == "error"
     assert finding.ranks == ()
     assert "the script ran alone" in finding.message
-    assert finding.evidence == {"kind": "no-process-group", "processes": 1}
+    assert finding.evidence.to_json() == {"kind": "no-process-group", "processes": 1}
 
 
 def test_process_group_without_ddp_or_training_is_a_warning():
@@ -43,7 +43,7 @@ def test_process_group_without_ddp_or_training_is_a_warning():
     assert finding.ranks == (0, 1)
     assert finding.location == Location(SCRIPT, 7)
     assert "no model was wrapped in DistributedDataParallel and no optimizer stepped" in finding.message
-    assert finding.evidence == {"kind": "no-training", "optimizer_steps": 0}
+    assert finding.evidence.to_json() == {"kind": "no-training", "optimizer_steps": 0}
     assert result.status == "warn"
 
 
@@ -54,7 +54,7 @@ def test_process_group_without_ddp_and_diverging_gradients_is_a_warning():
     assert finding.severity == "warning"
     assert finding.message == ("a process group was initialized but the model was never wrapped in "
                                "DistributedDataParallel")
-    assert finding.evidence == {"kind": "no-ddp", "optimizer_steps": 2}
+    assert finding.evidence.to_json() == {"kind": "no-ddp", "optimizer_steps": 2}
 
 
 def test_gradients_averaged_by_hand_without_ddp_is_info():
@@ -64,7 +64,7 @@ def test_gradients_averaged_by_hand_without_ddp_is_info():
     (finding,) = result.findings
     assert finding.severity == "info"
     assert "gradients matched across ranks in 2 steps" in finding.message
-    assert finding.evidence == {"kind": "averaged-by-hand", "steps_compared": 2}
+    assert finding.evidence.to_json() == {"kind": "averaged-by-hand", "steps_compared": 2}
     assert result.status == "pass"
 
 
@@ -113,7 +113,7 @@ def test_data_parallel_without_process_group_is_the_root_at_its_line():
     assert finding.message.startswith("the model (Net) is wrapped in nn.DataParallel and the script never called "
                                       "torch.distributed.init_process_group: each of the 2 processes trains its "
                                       "own copy")
-    assert finding.evidence == {"kind": "no-process-group", "module": "Net", "device_ids": [0, 1], "processes": 2}
+    assert finding.evidence.to_json() == {"kind": "no-process-group", "module": "Net", "device_ids": [0, 1], "processes": 2}
     assert "DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])" in finding.fix
     assert "DistributedSampler" in finding.fix and "one plain `python train.py` process" in finding.fix
     assert result.summary == "nn.DataParallel in every process, no process group"
