@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, Finding, Location
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import decode_fingerprints
+
+from ddpdoctor.schema.findings import ABSENT
 
 from ._common import fmt_ranks, short_site
 
@@ -22,7 +24,6 @@ NEGLIGIBLE_GRADIENT = 1e-5
 # the median (a learning rate far too small); below it the gradient is what does not move the weight.
 SUBSTANTIAL_GRADIENT = 0.1
 LOW_PRECISION = ("torch.bfloat16", "torch.float16")
-UNSTEPPED = ("model-not-stepped", "parameters-not-stepped")
 
 DOCS = """\
 ## What it does
@@ -99,6 +100,57 @@ class _Model:
     wrap: DDPWrap
     trained: list[str]  # parameters that got a gradient in some backward
     stepped: set[str]
+
+
+@dataclass(frozen=True)
+class NotStepped(EvidenceRecord):
+    """Parameters of a DDP model (``case`` model-not-stepped: all of them) that no optimizer steps, and
+    the tensors the optimizers hold instead."""
+
+    case: str = evidence_field(hidden=True, default="parameters-not-stepped")
+    not_stepped: list[str] = evidence_field(default_factory=list)
+    model_parameters: int = evidence_field(default=0)
+    model_wrapped_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    optimizer: int = evidence_field(hidden=True, default=0)
+    optimizer_built_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    tensors_not_in_model: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{optimizer, count, shapes}]
+    models: int = evidence_field(default=ABSENT)  # how many DDP models, where several
+
+
+@dataclass(frozen=True)
+class WeightsRestored(EvidenceRecord):
+    """A parameter with gradients whose weights something outside the optimizer writes back every step."""
+
+    discriminator = {"case": "weights-restored"}
+    case: str = evidence_field(hidden=True, default="weights-restored")
+    optimizer: int = evidence_field(hidden=True, default=0)
+    parameter: str = evidence_field(label="parameter", unit="code", default="")
+    dtype: Optional[str] = evidence_field(keep_none=True)
+    steps: list[int] = evidence_field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BelowPrecision(EvidenceRecord):
+    """Updates smaller than the spacing of the weights' dtype: they round away."""
+
+    discriminator = {"case": "updates-below-precision"}
+    case: str = evidence_field(hidden=True, default="updates-below-precision")
+    optimizer: int = evidence_field(hidden=True, default=0)
+    parameters: list[str] = evidence_field(default_factory=list)
+    dtypes: list[str] = evidence_field(default_factory=list)
+    largest_update_to_spacing: float = evidence_field(default=0.0)
+    steps: list[int] = evidence_field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class NeverChange(EvidenceRecord):
+    """Weights that never change despite gradients and a learning rate, for no reason ddpdoctor can tell."""
+
+    discriminator = {"case": "weights-never-change"}
+    case: str = evidence_field(hidden=True, default="weights-never-change")
+    optimizer: int = evidence_field(hidden=True, default=0)
+    parameters: list[str] = evidence_field(default_factory=list)
+    steps: list[int] = evidence_field(default_factory=list)
 
 
 def _strip(name: str, ddp: Optional[int]) -> str:
@@ -203,20 +255,18 @@ def _unstepped_finding(*, ranks: list[int], models: int, model: _Model, missing:
     wrapped_at = Location.from_site(model.wrap.site)
     built_at = _site(holder)
     names = ", ".join(f"`{n}`" for n in missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-    evidence_out = {
-        "case": "model-not-stepped" if not model.stepped else "parameters-not-stepped",
-        "not_stepped": missing,
-        "model_parameters": len(model.wrap.params),
-        "model_wrapped_at": wrapped_at.to_json() if wrapped_at else None,
-        "optimizer": holder.opt,
-        "optimizer_built_at": built_at.to_json() if built_at else None,
-        "tensors_not_in_model": [{"optimizer": opt, "count": len(positions),
-                                  "shapes": [infos[opt].shapes[i] for i in positions if i < len(infos[opt].shapes)]}
-                                 for opt, positions in stale.items() if opt in infos],
-    }
+    evidence_out = NotStepped(
+        case="model-not-stepped" if not model.stepped else "parameters-not-stepped",
+        not_stepped=missing,
+        model_parameters=len(model.wrap.params),
+        model_wrapped_at=wrapped_at.to_json() if wrapped_at else None,
+        optimizer=holder.opt,
+        optimizer_built_at=built_at.to_json() if built_at else None,
+        tensors_not_in_model=[{"optimizer": opt, "count": len(positions),
+                               "shapes": [infos[opt].shapes[i] for i in positions if i < len(infos[opt].shapes)]}
+                              for opt, positions in stale.items() if opt in infos],
+        models=models if models > 1 else ABSENT)
     severity = "error"
-    if models > 1:
-        evidence_out["models"] = models
     model_text = "the DDP model" if models == 1 else f"the {models} DDP models"
     if not model.stepped:
         if num_stale:
@@ -392,8 +442,8 @@ def _restored(evidence: Evidence, rank: int, info: OptimizerInfo, index: int, st
            "wrapping the model in DDP).")
     return Finding(check=ID, severity="error", message=message, ranks=_stuck_ranks(evidence, rank, info, steps),
                    location=_site(info), fix=fix,
-                   evidence={"case": "weights-restored", "optimizer": info.opt, "parameter": name,
-                             "dtype": _dtype(info, index) or None, "steps": steps})
+                   evidence=WeightsRestored(optimizer=info.opt, parameter=name, dtype=_dtype(info, index) or None,
+                                            steps=steps))
 
 
 def _below_precision(evidence: Evidence, rank: int, entries: list) -> Finding:
@@ -415,9 +465,8 @@ def _below_precision(evidence: Evidence, rank: int, entries: list) -> Finding:
         fix = "Raise the learning rate of these parameters' param group, or keep them in a wider dtype."
     ranks = tuple(sorted({r for i, _, s, _ in entries for r in _stuck_ranks(evidence, rank, i, s)}))
     return Finding(check=ID, severity="warning", message=message, ranks=ranks, location=_site(info), fix=fix,
-                   evidence={"case": "updates-below-precision", "optimizer": info.opt,
-                             "parameters": [_name(i, index) for i, index, _, _ in entries], "dtypes": dtypes,
-                             "largest_update_to_spacing": max(ratios), "steps": steps})
+                   evidence=BelowPrecision(optimizer=info.opt, parameters=[_name(i, index) for i, index, _, _ in entries],
+                                           dtypes=dtypes, largest_update_to_spacing=max(ratios), steps=steps))
 
 
 def _unexplained(evidence: Evidence, rank: int, entries: list) -> Finding:
@@ -434,8 +483,8 @@ def _unexplained(evidence: Evidence, rank: int, entries: list) -> Finding:
            "what the optimizer holds: build it over `model.parameters()` after every change to the model.")
     ranks = tuple(sorted({r for i, _, s, _ in entries for r in _stuck_ranks(evidence, rank, i, s)}))
     return Finding(check=ID, severity="info", message=message, ranks=ranks, location=_site(info), fix=fix,
-                   evidence={"case": "weights-never-change", "optimizer": info.opt,
-                             "parameters": [_name(i, index) for i, index, _, _ in entries], "steps": steps})
+                   evidence=NeverChange(optimizer=info.opt, parameters=[_name(i, index) for i, index, _, _ in entries],
+                                        steps=steps))
 
 
 def analyze(evidence: Evidence) -> CheckResult:
@@ -447,9 +496,9 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not [f for f in findings if f.severity == "error"]:
         stuck = _stuck_findings(evidence)
         findings += stuck
-        if stuck and not [f for f in findings if f.evidence.get("case") in UNSTEPPED]:
-            worst = stuck[0]
-            parameters = worst.evidence.get("parameters") or [worst.evidence.get("parameter")]
+        if stuck and not [f for f in findings if isinstance(f.evidence, NotStepped)]:
+            worst = stuck[0].evidence
+            parameters = [worst.parameter] if isinstance(worst, WeightsRestored) else worst.parameters
             what = ", ".join(f"`{p}`" for p in parameters[:3]) + (" ..." if len(parameters) > 3 else "")
             return CheckResult(findings=stuck, summary=f"the weights of {what} never change despite gradients")
     if findings:
@@ -458,4 +507,5 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary="the optimizers step every parameter the DDP models train")
 
 
-CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140, probes=('optimizer', 'config'))
+CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140, probes=('optimizer', 'config'),
+              evidence=(WeightsRestored, BelowPrecision, NeverChange, NotStepped))
