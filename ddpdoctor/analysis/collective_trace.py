@@ -17,9 +17,9 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
-from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives, InternalPhase
+from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives, InternalPhase, Site
 
 __all__ = ["POINT_TO_POINT", "SHAPE_FREE", "ROOT_LISTS", "TraceEntry", "Mismatch", "call_signature",
            "rank_trace", "trace_of", "first_mismatch", "PHASE_WHAT", "subgroup_traces", "first_subgroup_mismatch"]
@@ -34,8 +34,14 @@ ROOT_LISTS = frozenset({"gather", "scatter"})
 # What a library's collectives were, by phase, in words.
 PHASE_WHAT = {phase.value: phase.what for phase in InternalPhase}
 
+# What ranks compare a collective by: a traced call's signature (call_signature), a library run's
+# (phase, grad, op).
+Signature = tuple[Any, ...]
+# Where a collective came from (TraceEntry.line_key): (phase, op, file, line, grad).
+LineKey = tuple[str, str, Optional[str], Optional[int], Optional[bool]]
 
-def call_signature(event: Collective) -> tuple:
+
+def call_signature(event: Collective) -> Signature:
     """What must be equal across ranks for a traced call at the same number."""
     if event.op in SHAPE_FREE:
         return ("call", event.op)
@@ -60,7 +66,7 @@ class TraceEntry:
         return self.event.phase if isinstance(self.event, InternalCollectives) else "call"
 
     @property
-    def site(self) -> list:
+    def site(self) -> Site:
         return self.event.site
 
     @property
@@ -68,7 +74,7 @@ class TraceEntry:
         return self.event.t
 
     @property
-    def tensors(self) -> list:
+    def tensors(self) -> list[list[Any]]:
         return self.event.tensors if isinstance(self.event, Collective) else []
 
     @property
@@ -79,7 +85,7 @@ class TraceEntry:
     def grad(self) -> Optional[bool]:
         return self.event.grad if isinstance(self.event, InternalCollectives) else None
 
-    def line_key(self) -> tuple:
+    def line_key(self) -> LineKey:
         """Where it came from, for counting how often each rank issued collectives from there."""
         first = self.site[0] if self.site else {}
         return (self.phase, self.op if not self.internal else "", first.get("file"), first.get("line"), self.grad)
@@ -123,12 +129,12 @@ class RankTrace:
     numbering: str = "calls"
 
     @functools.cached_property
-    def keys(self) -> tuple:
+    def keys(self) -> tuple[tuple[int, Signature], ...]:
         """(n, key) of every entry: equal for two ranks that issued the same collectives (the converse
         needs :func:`_matches`). The key: a library run's phase, gradient and op; a call's signature,
         computed once per distinct op and tensor list: a thousand ranks hold millions of entries."""
-        signatures: dict[tuple, tuple] = {}
-        out = []
+        signatures: dict[tuple[str, int], Signature] = {}
+        out: list[tuple[int, Signature]] = []
         for entry in self.entries:
             event = entry.event
             if isinstance(event, InternalCollectives):
@@ -170,16 +176,16 @@ def trace_of(collectives: Iterable[Collective], internals: Iterable[InternalColl
         entries.append(entry)
         by_n[event.n] = entry
         numbered_to = max(numbered_to, event.n + max(event.units, 1) - 1)
-    for event in internals:
-        if event.group is not None:
+    for internal in internals:
+        if internal.group is not None:
             continue
-        ops = event.ops
-        for i in range(event.count):
-            n = event.first + i
-            entry = TraceEntry(n, event, ops[i][0] if i < len(ops) and ops[i] else "")
+        ops = internal.ops
+        for i in range(internal.count):
+            n = internal.first + i
+            entry = TraceEntry(n, internal, ops[i][0] if i < len(ops) and ops[i] else "")
             entries.append(entry)
             by_n[n] = entry
-        numbered_to = max(numbered_to, event.first + event.count - 1)
+        numbered_to = max(numbered_to, internal.first + internal.count - 1)
     trace.numbered_to = numbered_to
     entries.sort(key=lambda e: e.n)
     return trace
@@ -190,9 +196,9 @@ class Mismatch:
     """The first number at which the ranks' world-group collectives differ."""
 
     n: int
-    calls: dict  # rank -> TraceEntry, or None where the rank never issued a collective with this number
-    counts: dict = field(default_factory=dict)  # rank -> Counter of line_key over its whole trace
-    group: Optional[tuple] = None  # a subgroup's global ranks; None: the world group
+    calls: dict[int, Optional[TraceEntry]]  # None where the rank never issued a collective with this number
+    counts: dict[int, Counter[LineKey]] = field(default_factory=dict)  # line_key over the rank's whole trace
+    group: Optional[tuple[int, ...]] = None  # a subgroup's global ranks; None: the world group
 
     @property
     def present(self) -> dict[int, TraceEntry]:
@@ -236,14 +242,14 @@ def first_mismatch(traces: dict[int, RankTrace], *, include_missing: bool) -> Op
         return None  # every rank issued the same, the common case: compared as whole sequences
     # Ranks that issued exactly the same are compared once, through the first of them: on a thousand
     # ranks, a handful of distinct sequences.
-    classes: dict[tuple, list[int]] = {}
+    classes: dict[tuple[tuple[tuple[int, Signature], ...], int], list[int]] = {}
     for rank, trace in traces.items():
         classes.setdefault((trace.keys, trace.numbered_to), []).append(rank)
     mismatch = _first_mismatch_of({members[0]: traces[members[0]] for members in classes.values()},
                                   include_missing=include_missing)
     if mismatch is None:
         return None
-    counts = {}
+    counts: dict[int, Counter[LineKey]] = {}
     for members in classes.values():
         shared = mismatch.counts[members[0]]
         counts.update((r, shared) for r in members)
@@ -278,10 +284,10 @@ def _first_mismatch_of(traces: dict[int, RankTrace], *, include_missing: bool) -
     return None
 
 
-def subgroup_traces(events_by_rank: dict[int, Iterable[Event]]) -> dict[tuple, dict[int, RankTrace]]:
+def subgroup_traces(events_by_rank: dict[int, Iterable[Event]]) -> dict[tuple[int, ...], dict[int, RankTrace]]:
     """Each subgroup's traced calls, per member rank, numbered by the group's own sequence
     (``Collective.n`` of a subgroup call): subgroup -> rank -> trace."""
-    out: dict[tuple, dict[int, RankTrace]] = {}
+    out: dict[tuple[int, ...], dict[int, RankTrace]] = {}
     for rank, events in events_by_rank.items():
         for event in events:
             if not isinstance(event, Collective) or not isinstance(event.group, (list, tuple)) or not event.group \
@@ -295,7 +301,7 @@ def subgroup_traces(events_by_rank: dict[int, Iterable[Event]]) -> dict[tuple, d
     return out
 
 
-def first_subgroup_mismatch(groups: dict[tuple, dict[int, RankTrace]]) -> Optional[Mismatch]:
+def first_subgroup_mismatch(groups: dict[tuple[int, ...], dict[int, RankTrace]]) -> Optional[Mismatch]:
     """The earliest (by time) call at which a subgroup's members issued different collectives or
     shapes; members that never reached it are not a mismatch here (they may wait elsewhere)."""
     found = []
