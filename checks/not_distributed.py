@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity, evidence_field
+from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
+                                    evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.symptoms import EpochNotSet, IterationsUneven, NotDistributed, ReplicasDiverged, SamplesOverlap
 from ddpdoctor.schema.events import DataParallelWrap, InitProcessGroup, Step

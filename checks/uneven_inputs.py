@@ -60,7 +60,8 @@ class Uneven(EvidenceRecord, IterationsUneven):
     """Ranks ran different numbers of batches or DDP iterations, and why (``cause``)."""
 
     cause: Optional[str] = evidence_field()  # "data", "control-flow", "unknown"
-    pass_: Optional[int] = evidence_field(label="pass", key="pass")  # the training pass (0-based), 0 for whole-run counts
+    # the training pass (0-based); 0 for whole-run counts
+    pass_: Optional[int] = evidence_field(label="pass", key="pass")
     loader: Optional[str] = evidence_field(label="loader")  # or "optimizer steps", "DDP iterations"
     batches: dict[str, int] = evidence_field(label="batches per rank", default_factory=dict)
     ddp_iterations: dict[str, int] = evidence_field(default_factory=dict)

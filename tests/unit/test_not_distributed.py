@@ -113,7 +113,8 @@ def test_data_parallel_without_process_group_is_the_root_at_its_line():
     assert finding.message.startswith("the model (Net) is wrapped in nn.DataParallel and the script never called "
                                       "torch.distributed.init_process_group: each of the 2 processes trains its "
                                       "own copy")
-    assert finding.evidence.to_json() == {"kind": "no-process-group", "module": "Net", "device_ids": [0, 1], "processes": 2}
+    assert finding.evidence.to_json() == {"kind": "no-process-group", "module": "Net", "device_ids": [0, 1],
+                                          "processes": 2}
     assert "DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])" in finding.fix
     assert "DistributedSampler" in finding.fix and "one plain `python train.py` process" in finding.fix
     assert result.summary == "nn.DataParallel in every process, no process group"
