@@ -16,7 +16,10 @@ from typing import Iterable, Optional
 
 __all__ = ["role", "pair"]
 
-PassId = tuple  # (rank, loader key, raw pass number)
+PassId = tuple[int, str, int]  # (rank, loader key, raw pass number)
+_Group = tuple[str, int]  # (role, sampler epoch or -1)
+_Label = tuple[str, int, int]  # (role, sampler epoch or -1, ordinal among the rank's passes of that group)
+_Paired = tuple[str, str, int, int]  # (loader key, *_Label)
 
 
 def role(*, fed: bool, complete: bool) -> str:
@@ -29,24 +32,25 @@ def pair(passes: Iterable[tuple[int, str, int, str, Optional[int]]]) -> dict[Pas
     """(rank, key, raw number) -> the pass's number as paired across ranks, from (rank, key, raw
     number, role, sampler epoch or None) of every pass. A loader's paired passes are numbered in the
     order the ranks made them (the earliest raw number among the ranks that made each)."""
-    by_rank: dict[tuple[int, str], list[tuple[int, tuple]]] = {}
+    by_rank: dict[tuple[int, str], list[tuple[int, _Group]]] = {}
     for rank, key, number, kind, epoch in passes:
         by_rank.setdefault((rank, key), []).append((number, (kind, -1 if epoch is None else epoch)))
-    labels: dict[PassId, tuple] = {}
-    first_seen: dict[tuple, int] = {}  # (key, role, epoch, ordinal) -> earliest raw number
+    labels: dict[PassId, _Label] = {}
+    first_seen: dict[_Paired, int] = {}  # (key, role, epoch, ordinal) -> earliest raw number
     for (rank, key), numbered in by_rank.items():
-        ordinals: dict[tuple, int] = {}
+        ordinals: dict[_Group, int] = {}
         for number, group in sorted(numbered):
             ordinal = ordinals.get(group, 0)
             ordinals[group] = ordinal + 1
-            label = (*group, ordinal)
-            labels[(rank, key, number)] = label
-            first_seen[(key, *label)] = min(first_seen.get((key, *label), number), number)
-    order: dict[str, list[tuple]] = {}
-    for (key, *label), number in first_seen.items():
-        order.setdefault(key, []).append((number, *label))
-    paired: dict[tuple, int] = {}
+            group_role, group_epoch = group
+            labels[(rank, key, number)] = (group_role, group_epoch, ordinal)
+            seen = (key, group_role, group_epoch, ordinal)
+            first_seen[seen] = min(first_seen.get(seen, number), number)
+    order: dict[str, list[tuple[int, str, int, int]]] = {}
+    for (key, group_role, group_epoch, ordinal), number in first_seen.items():
+        order.setdefault(key, []).append((number, group_role, group_epoch, ordinal))
+    paired: dict[_Paired, int] = {}
     for key, items in order.items():
-        for index, (_, *label) in enumerate(sorted(items)):
-            paired[(key, *label)] = index
-    return {pass_id: paired[(pass_id[1], *label)] for pass_id, label in labels.items()}
+        for index, (_, group_role, group_epoch, ordinal) in enumerate(sorted(items)):
+            paired[(key, group_role, group_epoch, ordinal)] = index
+    return {pass_id: paired[(pass_id[1],) + label] for pass_id, label in labels.items()}
