@@ -30,7 +30,7 @@ import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from ddpdoctor.schema.events import ContentPass
 from ddpdoctor.schema.indices import decode_indices
@@ -49,7 +49,7 @@ ALIGNED_CORRELATION = 0.5  # rank correlation of the shared rows' positions that
 ALIGNED_SIGMAS = 2.5  # ... and how far above what unrelated orders give (1 / sqrt(n - 1) per sigma)
 WHOLE_POOL = 0.9  # a complete pass in which every rank fed at least this share of what others fed
 
-StreamKey = tuple  # (source, key, feeds, number)
+StreamKey = tuple[str, str, Optional[str], int]  # (source, key, feeds, number)
 
 
 @dataclass(frozen=True)
@@ -67,16 +67,16 @@ class Stream:
 
 def merge_streams(events: Iterable[tuple[int, ContentPass]]) -> dict[StreamKey, dict[int, Stream]]:
     """(source, key, feeds, number) -> rank -> the pass with its parts merged."""
-    parts: dict[tuple, list[ContentPass]] = {}
+    parts: dict[tuple[str, str, Optional[str], int, int], list[ContentPass]] = {}
     for rank, event in events:
         parts.setdefault((event.source, event.key, event.feeds, event.number, rank), []).append(event)
     out: dict[StreamKey, dict[int, Stream]] = {}
-    for (*key, rank), pieces in parts.items():
+    for (source, key, feeds, number, rank), pieces in parts.items():
         pieces.sort(key=lambda p: p.part)
         hashes = tuple(h for p in pieces if p.hashes for h in decode_indices(p.hashes))
         sequence = tuple(h for p in pieces for h in p.sequence)
         last = dataclasses.replace(pieces[-1], head=pieces[0].head) if len(pieces) > 1 else pieces[-1]
-        out.setdefault(tuple(key), {})[rank] = Stream(last, hashes, sequence)
+        out.setdefault((source, key, feeds, number), {})[rank] = Stream(last, hashes, sequence)
     return out
 
 
@@ -92,11 +92,11 @@ class Overlap:
     fraction: float  # pooled: rows (distinct per rank) also seen on another rank / distinct rows
     expected: float  # the same fraction by chance, from the ranks' own repeats
     num_shared: int  # distinct rows seen on more than one rank
-    per_rank: dict  # rank -> its fraction
-    duplicate_rate: dict  # rank -> fraction of its rows that repeat one of its own
-    rows: dict  # rank -> rows compared (after sampling)
+    per_rank: dict[int, float]  # rank -> its fraction
+    duplicate_rate: dict[int, float]  # rank -> fraction of its rows that repeat one of its own
+    rows: dict[int, int]  # rank -> rows compared (after sampling)
     level: int  # sampling level all ranks were brought to
-    shared: frozenset
+    shared: frozenset[int]
     judged: bool  # enough rows on at least two ranks
 
     @property
@@ -108,9 +108,10 @@ class Overlap:
     def ranks(self) -> tuple[int, ...]:
         return tuple(sorted(r for r, f in self.per_rank.items() if f > 0))
 
-    def as_evidence(self) -> dict:
+    def as_evidence(self) -> dict[str, Any]:
         return {"overlap_fraction": round(self.fraction, 4), "expected_fraction": round(self.expected, 4),
-                "num_shared": self.num_shared, "overlap_per_rank": {str(r): round(f, 4) for r, f in self.per_rank.items()},
+                "num_shared": self.num_shared,
+                "overlap_per_rank": {str(r): round(f, 4) for r, f in self.per_rank.items()},
                 "duplicate_rate": {str(r): round(d, 4) for r, d in self.duplicate_rate.items()},
                 "rows_compared": {str(r): n for r, n in self.rows.items()}, "sampling_level": self.level}
 
@@ -156,7 +157,7 @@ class Order:
         return (self.correlation >= ALIGNED_CORRELATION
                 and self.correlation * math.sqrt(self.num_rows - 1) >= ALIGNED_SIGMAS)
 
-    def as_evidence(self) -> dict:
+    def as_evidence(self) -> dict[str, Any]:
         return {"shared_order_correlation": round(self.correlation, 4), "shared_rows_ordered": self.num_rows,
                 "order_ranks": list(self.ranks)}
 
