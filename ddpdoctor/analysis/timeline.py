@@ -26,9 +26,9 @@ began (null where not seen). ``end.kind``: "exit" (code in detail), "exception",
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, TypeVar
 
-from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.schema.events import (Collective, DDPWrap, Exit, ExceptionEvent, InitProcessGroup, InternalCollectives,
                                      InternalPhase, ProcessStart, RankEnvironment, Save, Step, SysExit)
 
@@ -37,6 +37,10 @@ __all__ = ["build_timeline", "points_per_rank", "TOTAL_POINTS"]
 TOTAL_POINTS = 50_000  # steps (and, separately, collectives) kept over all ranks
 MAX_PER_RANK = 2_000
 MIN_PER_RANK = 20
+
+_Item = TypeVar("_Item")
+# (t, number, what) of one collective a rank took part in
+_Call = tuple[float, int, str]
 AROUND_DIVERGENCE = 3
 
 
@@ -48,7 +52,7 @@ def _r(t: Optional[float], t0: float) -> Optional[float]:
     return None if t is None else round(t - t0, 4)
 
 
-def _thin(items: list, limit: int) -> list:
+def _thin(items: list[_Item], limit: int) -> list[_Item]:
     """At most ``limit`` items evenly spread, the first and the last always kept."""
     if len(items) <= limit:
         return items
@@ -60,18 +64,18 @@ def _thin(items: list, limit: int) -> list:
 _INTERNAL = {phase.value: phase.words for phase in InternalPhase}
 
 
-def _collectives(ev, stalled_since: Optional[float] = None) -> list[tuple[float, int, str]]:
+def _collectives(ev: RankEvidence, stalled_since: Optional[float] = None) -> list[_Call]:
     """(t, number, what) of every collective the rank took part in: its own calls and, where the
     backend numbers them, DDP's (one entry per number), in the order of their numbers."""
-    calls = [(c.t, c.n, c.op) for c in ev.of(Collective) if c.n]
-    previous_t = None
+    calls: list[_Call] = [(c.t, c.n, c.op) for c in ev.of(Collective) if c.n]
+    previous_t: Optional[float] = None
     for event in ev.events:
         if isinstance(event, InternalCollectives):
             # Booked when the main thread next runs a probe, soon after DDP issued them; booked
             # while the rank was stalled means at the stack dump, long after: the rank's previous
             # event is then the closer bound on when they were issued.
-            late = stalled_since is not None and event.t >= stalled_since and previous_t is not None
-            at = previous_t if late else event.t
+            late = stalled_since is not None and event.t >= stalled_since
+            at = previous_t if late and previous_t is not None else event.t
             what = _INTERNAL.get(event.phase, event.phase)
             calls += [(at, n, what) for n in range(event.first, event.first + event.count)]
         elif event.t:
@@ -79,7 +83,7 @@ def _collectives(ev, stalled_since: Optional[float] = None) -> list[tuple[float,
     return sorted(calls, key=lambda c: (c[1], c[0]))
 
 
-def _keep_collectives(calls: list[tuple], limit: int, divergence: Optional[int]) -> list[tuple]:
+def _keep_collectives(calls: list[_Call], limit: int, divergence: Optional[int]) -> list[_Call]:
     """The last collectives (where a hang is), the first ones and those around the divergence."""
     if len(calls) <= limit:
         return calls
@@ -89,7 +93,7 @@ def _keep_collectives(calls: list[tuple], limit: int, divergence: Optional[int])
     return [c for i, c in enumerate(calls) if i in keep]
 
 
-def _end(evidence: Evidence, rank: int, t0: float) -> Optional[dict]:
+def _end(evidence: Evidence, rank: int, t0: float) -> Optional[dict[str, Any]]:
     ev = evidence.ranks[rank]
     exception = next(iter(ev.of(ExceptionEvent)), None)
     if exception is not None:
@@ -132,7 +136,7 @@ def _training_start(evidence: Evidence) -> Optional[float]:
     return min(found) if found else None
 
 
-def _startup(evidence: Evidence, t0: float) -> Optional[dict]:
+def _startup(evidence: Evidence, t0: float) -> Optional[dict[str, Any]]:
     """Start-up, from the first process start to training: its end and the milestones reached."""
     start = _training_start(evidence)
     if start is None or start <= t0:
@@ -145,7 +149,7 @@ def _startup(evidence: Evidence, t0: float) -> Optional[dict]:
     return {"end": _r(start, t0), "milestones": milestones}
 
 
-def _stop(evidence: Evidence, t0: float) -> Optional[dict]:
+def _stop(evidence: Evidence, t0: float) -> Optional[dict[str, Any]]:
     stop = evidence.stop
     if stop is None or not stop.t:
         return None
@@ -154,7 +158,7 @@ def _stop(evidence: Evidence, t0: float) -> Optional[dict]:
     return {"t": _r(stop.t, t0), "reason": stop.reason, "label": label}
 
 
-def build_timeline(evidence: Evidence) -> Optional[dict]:
+def build_timeline(evidence: Evidence) -> Optional[dict[str, Any]]:
     """The report's ``timeline``, None when no rank wrote an event."""
     times = [ev.events[0].t for ev in evidence.ranks.values() if ev.events and ev.events[0].t]
     if not times:
@@ -164,14 +168,16 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
     mismatch = evidence.facts.collective_divergence
     divergence = mismatch.n if mismatch is not None else None
     stop = evidence.stop
-    ranks: dict[str, dict] = {}
+    ranks: dict[str, dict[str, Any]] = {}
     latest = 0.0
     for rank in sorted(evidence.ranks):
         ev = evidence.ranks[rank]
         steps = [e for e in ev.of(Step)]
         kept_steps = _thin(steps, limit)
         stalled = stop.ranks.get(rank) if stop is not None and stop.t else None
-        calls = _collectives(ev, stop.t - stalled.stalled_s if stalled is not None and stalled.stalled_s else None)
+        stalled_since = (stop.t - stalled.stalled_s if stop is not None and stalled is not None and stalled.stalled_s
+                         else None)
+        calls = _collectives(ev, stalled_since)
         kept_calls = _keep_collectives(calls, limit, divergence)
         start = next((e.t for e in ev.of(ProcessStart)), ev.events[0].t if ev.events else t0)
         stalls = []
@@ -179,7 +185,7 @@ def build_timeline(evidence: Evidence) -> Optional[dict]:
             state = snapshot.ranks.get(rank)
             if state is not None and state.stalled_s and snapshot.t:
                 stalls.append([_r(snapshot.t - state.stalled_s, t0), _r(snapshot.t, t0)])
-        entry = {
+        entry: dict[str, Any] = {
             "start": _r(start, t0),
             "steps": [[_r(s.t, t0), s.step, *(s.timing or [None] * 5)] for s in kept_steps],
             "collectives": [[_r(t, t0), n, what] for t, n, what in kept_calls],
