@@ -10,7 +10,7 @@ from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import Divergence
 from ddpdoctor.analysis.symptoms import Divergence as Case
-from ddpdoctor.analysis.symptoms import BuffersDiffer, ReplicasDiverged
+from ddpdoctor.analysis.symptoms import BuffersDiffer, NotDistributed, ReplicasDiverged
 from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.schema.events import (CommHook, Collective, DDPBypass, DDPRewrap, DeviceSimulation,
                                      InitProcessGroup, ModuleConversion, Step, Unfrozen)
@@ -165,6 +165,15 @@ class DeviceRoundTrip(EvidenceRecord, ReplicasDiverged):
     moves: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{call, at, after_step}]
 
 
+def _not_wrapped(finding: Finding) -> bool:
+    return (finding.severity in ("error", "warning") and isinstance(finding.evidence, Diverged)
+            and finding.evidence.case == Case.NOT_WRAPPED)
+
+
+def _not_distributed(symptom: Finding, _cause: Finding) -> bool:
+    return isinstance(symptom.evidence, NotDistributed)
+
+
 def _skips_ddp_sync(finding: Finding) -> bool:
     """A forward that bypasses DDP, or a step inside no_sync: DDP's synchronization was skipped."""
     return (finding.severity in ("error", "warning") and isinstance(finding.evidence, Diverged)
@@ -177,6 +186,8 @@ def _unbroadcast_buffers(symptom: Finding, _cause: Finding) -> bool:
 
 
 EXPLAINS = (
+    # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
+    Explains("not wrapped in DDP", _not_distributed, cause=_not_wrapped, priority=50),
     # A forward that bypasses DDP, or a step inside no_sync, also skips DDP's buffer broadcast.
     Explains("buffers not broadcast", _unbroadcast_buffers, cause=_skips_ddp_sync, priority=60),
 )

@@ -32,33 +32,11 @@ def rules_of(declared: Iterable[tuple[str, Explains]]) -> tuple[Rule, ...]:
     check's findings for which its ``cause`` holds."""
     rules = [Rule(name=e.name, cause=_of_check(check_id, e.cause), explains=e.symptom, priority=e.priority)
              for check_id, e in declared]
-    rules += _LEGACY_RULES  # TRANSITIONAL: rules of checks whose evidence is not typed yet
     return tuple(sorted(rules, key=lambda r: r.priority))
 
 
 def _of_check(check_id: str, cause: Predicate) -> Predicate:
     return lambda finding: finding.check == check_id and cause(finding)
-
-
-def _is(check: str, *, severities: tuple[str, ...] = ("error", "warning"), **evidence) -> Predicate:
-    def predicate(finding: Finding) -> bool:
-        return (finding.check == check and finding.severity in severities
-                and all(finding.evidence.get(k) in (v if isinstance(v, (tuple, set)) else (v,))
-                        for k, v in evidence.items()))
-
-    return predicate
-
-
-def _symptom(check: str, **evidence) -> Callable[[Finding, Finding], bool]:
-    predicate = _is(check, severities=("error", "warning", "info"), **evidence)
-    return lambda finding, _cause: predicate(finding)
-
-
-_LEGACY_RULES: list[Rule] = [
-    # A model never wrapped in DDP: the gradients that differ say it, not-distributed repeats it.
-    Rule("not wrapped in DDP", _is("gradient-sync", case="not-wrapped"), _symptom("not-distributed"), priority=50),
-]
-
 
 
 def _root(links: dict[int, int], index: int) -> int:
