@@ -112,7 +112,8 @@ def _follows_settings(symptom: Finding, cause: Finding) -> bool:
                               Divergence.REDUCTION_INCOMPLETE)
                 and (seen.step or 0) >= (settings.step or 0))
     frozen = isinstance(settings, SettingsDiffer) and settings.frozen
-    return frozen and (isinstance(seen, ParametersUnused) or (isinstance(seen, RankFailed) and bool(seen.reduction_error)))
+    return frozen and (isinstance(seen, ParametersUnused)
+                       or (isinstance(seen, RankFailed) and bool(seen.reduction_error)))
 
 
 EXPLAINS = (

@@ -465,7 +465,8 @@ def _below_precision(evidence: Evidence, rank: int, entries: list) -> Finding:
         fix = "Raise the learning rate of these parameters' param group, or keep them in a wider dtype."
     ranks = tuple(sorted({r for i, _, s, _ in entries for r in _stuck_ranks(evidence, rank, i, s)}))
     return Finding(check=ID, severity="warning", message=message, ranks=ranks, location=_site(info), fix=fix,
-                   evidence=BelowPrecision(optimizer=info.opt, parameters=[_name(i, index) for i, index, _, _ in entries],
+                   evidence=BelowPrecision(optimizer=info.opt,
+                                           parameters=[_name(i, index) for i, index, _, _ in entries],
                                            dtypes=dtypes, largest_update_to_spacing=max(ratios), steps=steps))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
@@ -237,7 +237,7 @@ def _deliberate_repeats(events: dict[int, LoaderPass], world_size: int) -> Optio
 
 
 def _repetition_finding(key: tuple[str, int], events: dict[int, LoaderPass], repeats: int, shared: int,
-                        population: Optional[int], base: dict, ranks: tuple[int, ...]) -> Finding:
+                        population: Optional[int], base: dict[str, Any], ranks: tuple[int, ...]) -> Finding:
     sampler = events[min(events)].sampler
     return Finding(
         check=ID, severity="info", ranks=ranks, location=Location.from_site(events[min(events)].site),
@@ -291,9 +291,10 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
     shared = drawn_sets.shared
     location = Location.from_site(any_event.site)
     loader_name = f"the {'training' if is_train else 'evaluation'} DataLoader"
-    base = dict(loader=key[0], pass_=key[1], sampler=sampler.type, batch_sampler=sampler.batch_sampler,
-                dataset_len=dataset_len, population=sampler.population,
-                samples_per_rank={str(r): e.num_samples for r, e in sorted(events.items())}, epoch=sampler.epoch)
+    base: dict[str, Any] = dict(  # the fields of _IndexPass
+        loader=key[0], pass_=key[1], sampler=sampler.type, batch_sampler=sampler.batch_sampler, dataset_len=dataset_len,
+        population=sampler.population, samples_per_rank={str(r): e.num_samples for r, e in sorted(events.items())},
+        epoch=sampler.epoch)
     ranks = tuple(sorted(per_rank))
     # What the sampler draws from: a sampler over a fold of the dataset covers the fold only.
     population = sampler.population if sampler.population is not None else dataset_len

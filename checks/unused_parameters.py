@@ -147,10 +147,11 @@ def analyze(evidence: Evidence) -> CheckResult:
                     fix=frameworks.fix(evidence, "find-unused", (
                         "Use every parameter in the loss, freeze the unused ones with requires_grad_(False) before "
                         "wrapping, or pass find_unused_parameters=True if they are skipped only on some steps.")),
-                    evidence=Missing(ddp=ddp_index, unused=unused_names,
-                                     iterations_without_grad={names[i]: {str(r): c for r, c in sorted(v.items())}
-                                                              for i, v in sorted(unused_count.items()) if i < len(names)},
-                                     crashed_ranks=crash_ranks),
+                    evidence=Missing(
+                        ddp=ddp_index, unused=unused_names,
+                        iterations_without_grad={names[i]: {str(r): c for r, c in sorted(v.items())}
+                                                 for i, v in sorted(unused_count.items()) if i < len(names)},
+                        crashed_ranks=crash_ranks),
                 ))
             continue
         if not iterations or any_wrap.static_graph:
@@ -163,7 +164,8 @@ def analyze(evidence: Evidence) -> CheckResult:
                          "iteration for nothing"),
                 fix=frameworks.fix(evidence, "needless-find-unused",
                                    "Drop find_unused_parameters=True from the DistributedDataParallel call."),
-                evidence=Needless(ddp=ddp_index, iterations_observed={str(r): c for r, c in sorted(iterations.items())}),
+                evidence=Needless(ddp=ddp_index,
+                                  iterations_observed={str(r): c for r, c in sorted(iterations.items())}),
             ))
             continue
         always = [i for i, c in unused_count.items()

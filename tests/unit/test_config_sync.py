@@ -136,7 +136,8 @@ def test_the_divergence_that_follows_a_learning_rate_difference_is_its_consequen
 def test_parameters_frozen_on_some_ranks_explain_ddps_missing_gradients_and_its_crash():
     """Read back as saved reports are: the rule is written against symptom kinds, not check ids."""
     def finding(check, severity="error", **evidence):
-        return Finding.from_json({"check": check, "severity": severity, "message": check, "fix": "", "evidence": evidence})
+        return Finding.from_json({"check": check, "severity": severity, "message": check, "fix": "",
+                                  "evidence": evidence})
 
     frozen = finding("config-sync", what=["requires_grad: ..."], step=3, differs=[{"what": "frozen", "key": "0"}])
     lr = finding("config-sync", what=["`lr`: ..."], step=3, differs=[{"what": "hyperparameter", "key": "0:lr"}])
