@@ -10,7 +10,8 @@ from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import RankFailure
-from ddpdoctor.analysis.symptoms import CollectivesUnmatched, FailureKind, HangKind, IterationsUneven, RankFailed
+from ddpdoctor.analysis.symptoms import (CollectivesUnmatched, FailureKind, HangKind, IterationsUneven, RankFailed,
+                                         UnevenCause)
 from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
 from ddpdoctor.analysis.collective_trace import Mismatch, RankTrace, TraceEntry
@@ -156,7 +157,7 @@ def _follows_the_divergence(symptom: Finding, cause: Finding) -> bool:
     (its own output says so; a killed rank records no number of the collective it died in)."""
     failed, hang = symptom.evidence, cause.evidence
     if isinstance(failed, IterationsUneven):
-        return failed.cause in ("control-flow", "unknown")
+        return failed.cause in (UnevenCause.CONTROL_FLOW, UnevenCause.UNKNOWN)
     if not isinstance(failed, RankFailed) or not isinstance(hang, CollectivesUnmatched):
         return False
     sequence = hang.sequence

@@ -8,7 +8,7 @@ from typing import Optional
 from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
                                     evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.symptoms import CollectivesUnmatched, HangKind, IterationsUneven, RankFailed
+from ddpdoctor.analysis.symptoms import CollectivesUnmatched, HangKind, IterationsUneven, RankFailed, UnevenCause
 from ddpdoctor.schema.events import JoinEvent, LoaderPass
 
 from . import _frameworks as frameworks
@@ -59,7 +59,7 @@ class Joined(EvidenceRecord, IterationsUneven):
 class Uneven(EvidenceRecord, IterationsUneven):
     """Ranks ran different numbers of batches or DDP iterations, and why (``cause``)."""
 
-    cause: Optional[str] = evidence_field()  # "data", "control-flow", "unknown"
+    cause: Optional[str] = evidence_field()  # an UnevenCause
     # the training pass (0-based); 0 for whole-run counts
     pass_: Optional[int] = evidence_field(label="pass", key="pass")
     loader: Optional[str] = evidence_field(label="loader")  # or "optimizer steps", "DDP iterations"
@@ -74,7 +74,7 @@ def _uneven(finding: Finding) -> bool:
 
 
 def _ran_out_of_data(finding: Finding) -> bool:
-    return _uneven(finding) and finding.evidence.cause == "data"
+    return _uneven(finding) and finding.evidence.cause == UnevenCause.DATA
 
 
 def _peer_symptom(symptom: Finding) -> bool:
@@ -112,10 +112,11 @@ def _cause(per_rank: dict[int, LoaderPass], counts: dict[int, int]) -> str:
     "control-flow" when the short rank left its loop early (break, early stop, a rank-only collective
     it waits in); "unknown" without loader passes."""
     if not per_rank:
-        return "unknown"
+        return UnevenCause.UNKNOWN
     most = max(counts.values())
     short = [r for r, c in counts.items() if c < most]
-    return "data" if any(per_rank[r].complete for r in short if r in per_rank) else "control-flow"
+    exhausted = any(per_rank[r].complete for r in short if r in per_rank)
+    return UnevenCause.DATA if exhausted else UnevenCause.CONTROL_FLOW
 
 
 def _training_passes(evidence: Evidence) -> dict[str, dict[int, list[LoaderPass]]]:
@@ -198,7 +199,7 @@ def analyze(evidence: Evidence) -> CheckResult:
             message=f"ranks ran different numbers of batches ({_counts(counts)}) inside Join, which handles it",
             fix="Nothing to do.", evidence=Joined(batches={str(r): c for r, c in sorted(counts.items())}))])
     cause = _cause(per_rank, counts)
-    if cause == "unknown" and stop is not None and stop.reason in ("hang", "no-progress"):
+    if cause == UnevenCause.UNKNOWN and stop is not None and stop.reason in ("hang", "no-progress"):
         # No loader pass tells why: the counts differ because ddpdoctor stopped the ranks mid-way
         # (one waits in a collective, one is stuck elsewhere). collective-hang reports that.
         return CheckResult(summary="iteration counts cut short where the job was stopped (collective-hang)")
@@ -208,8 +209,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         where, unit = "the whole run", "DDP training iterations"
     else:
         where, unit = "the whole run", "training batches"
-    why = {"data": ": the ranks' shares of the data have different lengths",
-           "control-flow": ": some ranks left the loop early"}.get(cause, "")
+    why = {UnevenCause.DATA: ": the ranks' shares of the data have different lengths",
+           UnevenCause.CONTROL_FLOW: ": some ranks left the loop early"}.get(cause, "")
     shown = counts
     if backwards is not None and per_rank and backwards != counts:  # a loader that fetches ahead yields more
         shown, unit = backwards, "DDP training iterations"
@@ -218,7 +219,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     fix = frameworks.fix(evidence, "uneven", (
         "Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
         "training loop in `with torch.distributed.algorithms.join.Join([model]):`."))
-    if cause == "control-flow":
+    if cause == UnevenCause.CONTROL_FLOW:
         fix = ("Leave the training loop on every rank together: decide a `break` or early stop on one rank and "
                "broadcast the decision (e.g. all_reduce a flag) so every rank takes it; or wrap the loop in "
                "`with torch.distributed.algorithms.join.Join([model]):`.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Optional
 
-__all__ = ["Divergence", "HangKind", "FailureKind", "Symptom", "RankFailed", "CollectivesUnmatched",
+__all__ = ["Divergence", "HangKind", "FailureKind", "UnevenCause", "Symptom", "RankFailed", "CollectivesUnmatched",
            "ReplicasDiverged", "IterationsUneven", "SamplesOverlap", "BuffersDiffer", "EpochNotSet",
            "ParametersUnused", "NotDistributed"]
 
@@ -55,6 +55,14 @@ class HangKind(_Words):
     ORPHAN = "orphan"
     MISMATCH = "mismatch"
     STALL = "stall"
+
+
+class UnevenCause(_Words):
+    """Why ranks ran different numbers of iterations (uneven-inputs' ``cause``)."""
+
+    DATA = "data"  # a short rank exhausted its loader: its share of the data is shorter
+    CONTROL_FLOW = "control-flow"  # a short rank left its loop early (a break, an early stop on one rank)
+    UNKNOWN = "unknown"  # no loader pass tells which
 
 
 class FailureKind(_Words):
@@ -109,7 +117,7 @@ class ReplicasDiverged(Symptom):
 class IterationsUneven(Symptom):
     """Ranks ran different numbers of batches or iterations."""
 
-    cause: Optional[str] = None  # "data", "control-flow", "unknown"
+    cause: Optional[str] = None  # an UnevenCause
 
 
 class SamplesOverlap(Symptom):
