@@ -37,7 +37,7 @@ class CheckStatus:
     def __post_init__(self) -> None:
         self.status = Status(self.status)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "title": self.title, "status": self.status.value,
                                "summary": self.summary}
         if self.error:
@@ -49,7 +49,7 @@ class CheckStatus:
         return out
 
     @classmethod
-    def from_json(cls, data: dict) -> "CheckStatus":
+    def from_json(cls, data: dict[str, Any]) -> "CheckStatus":
         return cls(id=data["id"], title=data["title"], status=data["status"], summary=data["summary"],
                    error=data.get("error"), incomplete=list(data.get("incomplete", [])),
                    consequence_of=data.get("consequence_of"))
@@ -71,33 +71,40 @@ class Report:
     launch_mode: str
     checks: list[CheckStatus] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    ranks: list[dict] = field(default_factory=list)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[int] = field(default_factory=list)
-    probe_errors: list[dict] = field(default_factory=list)
+    probe_errors: list[dict[str, Any]] = field(default_factory=list)
     missing_ranks: list[int] = field(default_factory=list)
     torch_version: str = ""
     python_version: str = ""
-    cut: Optional[dict] = None  # {"reason": "max-steps"|"max-epochs", "at": N}: a bounded run stopped on purpose
-    suppressed: list[dict] = field(default_factory=list)  # [{"finding", "reason", "file", "line"}]
-    unused_suppressions: list[dict] = field(default_factory=list)  # [{"file", "line", "checks", "reason"}]
+    # {"reason": "max-steps"|"max-epochs", "at": N}: a bounded run stopped on purpose
+    cut: Optional[dict[str, Any]] = None
+    suppressed: list[dict[str, Any]] = field(default_factory=list)  # [{"finding", "reason", "file", "line"}]
+    unused_suppressions: list[dict[str, Any]] = field(default_factory=list)  # [{"file", "line", "checks", "reason"}]
     role: str = "report"  # "peer": a non-zero rank of an existing launch; rank 0 holds the report
     peer_exit_code: int = 0
-    environment: list[dict] = field(default_factory=list)  # per rank: versions, GPUs, variables (analysis/rank_environments.py)
-    collective_benchmark: Optional[dict] = None  # the reference job's collective sweep (analysis/bandwidth.py)
-    device_simulation: Optional[dict] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
+    # per rank: versions, GPUs, variables (analysis/rank_environments.py)
+    environment: list[dict[str, Any]] = field(default_factory=list)
+    # the reference job's collective sweep (analysis/bandwidth.py)
+    collective_benchmark: Optional[dict[str, Any]] = None
+    device_simulation: Optional[dict[str, Any]] = None  # {"mode", "active", "simulated", "calls", "unsupported", ...}
     # outcome "interrupted": {"signal", "exit_code" (128+N), "rank" (whose ddpdoctor got it; None: the
     # reporting one), "during" ("start-up" before any rank ran the script, else "run"), "left_out"
     # (what the stop cut off, not judged), "ranks" (where each rank was)}
-    interruption: Optional[dict] = None
-    launch: dict = field(default_factory=dict)  # how the ranks were launched (Observations.launch): mode, detection, Slurm job
-    sources: dict = field(default_factory=dict)  # file -> {line: text} the findings point at (render/source.py)
-    timeline: Optional[dict] = None  # per-rank steps, collectives, stalls, exits (analysis/timeline.py)
+    interruption: Optional[dict[str, Any]] = None
+    # how the ranks were launched (Observations.launch): mode, detection, Slurm job
+    launch: dict[str, Any] = field(default_factory=dict)
+    # file -> {line: text} the findings point at (render/source.py)
+    sources: dict[str, Any] = field(default_factory=dict)
+    timeline: Optional[dict[str, Any]] = None  # per-rank steps, collectives, stalls, exits (analysis/timeline.py)
     launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines, kept off the screen
     launcher_log_path: Optional[str] = None  # where the CLI wrote them
-    framework: Optional[dict] = None  # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
-    post_mortem: Optional[dict] = None  # `ddpdoctor analyze`: {"dumps", "error_files", "logs", "formats", "notes", ...}
+    # {"name", "title", "version"}: the framework that built DDP (Accelerate, Lightning)
+    framework: Optional[dict[str, Any]] = None
+    # `ddpdoctor analyze`: {"dumps", "error_files", "logs", "formats", "notes", ...}
+    post_mortem: Optional[dict[str, Any]] = None
     # {"reason", "ranks"}: ddpdoctor could not check the job (its probes did not install): no finding, exit 2
-    unchecked: Optional[dict] = None
+    unchecked: Optional[dict[str, Any]] = None
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -137,7 +144,7 @@ class Report:
             lines += [f"{f.severity.upper()} {f.check}{where}: {f.message}{ranks}", f"    fix: {f.fix}"]
         raise AssertionError("\n".join(lines))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "version": self.version,
@@ -176,7 +183,7 @@ class Report:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> "Report":
+    def from_json(cls, data: dict[str, Any]) -> "Report":
         """A report saved with ``--json``, back as a Report: CI renders JUnit, SARIF or Markdown from
         it without rerunning the job. Keys this version does not know are ignored."""
         if data.get("schema") != SCHEMA:

@@ -7,7 +7,7 @@ framework, an interruption's account, the timeline, the source lines the finding
 from __future__ import annotations
 
 import signal
-from typing import Optional
+from typing import Any, Optional, Union
 
 from ddpdoctor.analysis import interruption
 from ddpdoctor.analysis.bandwidth import collective_benchmark
@@ -32,14 +32,15 @@ def _backend_and_device(evidence: Evidence) -> tuple[str, str]:
     return ",".join(backends) or unknown or "none", ",".join(devices) or unknown or "cpu"
 
 
-def device_simulation(evidence: Evidence) -> Optional[dict]:
+def device_simulation(evidence: Evidence) -> Optional[dict[str, Any]]:
     """What the ranks' device simulation stood in for (the last, cumulative event of each process),
     None for evidence without any (written before simulation existed)."""
     last: dict[int, DeviceSimulation] = {}
     for rank, event in evidence.events(DeviceSimulation):
         last[rank] = event
     unranked = [e for e in evidence.unranked if isinstance(e, DeviceSimulation)]
-    for event in unranked:  # an mp.spawn launcher (its device_count() started the workers), a worker that died early
+    # an mp.spawn launcher (its device_count() started the workers), a worker that died early
+    for event in unranked:
         last[-1 - unranked.index(event)] = event
     if not last:
         return None
@@ -59,11 +60,11 @@ def device_simulation(evidence: Evidence) -> Optional[dict]:
             "ignored": ignored, "reason": "; ".join(reasons)}
 
 
-FRAMEWORK_TITLES = {"transformers": "Hugging Face Trainer", "accelerate": "Accelerate", "lightning": "Lightning Trainer",
-                    "fabric": "Lightning Fabric"}
+FRAMEWORK_TITLES = {"transformers": "Hugging Face Trainer", "accelerate": "Accelerate",
+                    "lightning": "Lightning Trainer", "fabric": "Lightning Fabric"}
 
 
-def framework_of(evidence: Evidence) -> Optional[dict]:
+def framework_of(evidence: Evidence) -> Optional[dict[str, Any]]:
     """The framework that set DDP up, as the report names it."""
     found = evidence.facts.framework
     if found is None:
@@ -76,13 +77,15 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
     # Unprobed ranks recorded no process group or model: what they ran on is unknown, not "none".
     backend, device = ("unknown", "unknown") if analysis.unchecked else _backend_and_device(evidence)
     observations = evidence.observations
-    starts = [e for _, e in evidence.events(ProcessStart)] + [e for e in evidence.unranked if isinstance(e, ProcessStart)]
+    starts = ([e for _, e in evidence.events(ProcessStart)]
+              + [e for e in evidence.unranked if isinstance(e, ProcessStart)])
     environments = [e for _, e in evidence.events(RankEnvironment)]  # the version, where torch came after the start
+    versioned: list[Union[ProcessStart, RankEnvironment]] = [*starts, *environments]
     shown = [f.to_json() for f in analysis.findings] + [f.to_json() for f, _ in analysis.suppressed]
     return Report(
         sources=collect_sources(shown), timeline=build_timeline(evidence),
         launcher_log=list(observations.launcher_log),
-        torch_version=next((e.torch_version for e in [*starts, *environments] if e.torch_version), ""),
+        torch_version=next((e.torch_version for e in versioned if e.torch_version), ""),
         python_version=next((e.python_version for e in starts if e.python_version), ""),
         version=version, script=script, argv=argv, world_size=evidence.world_size, nnodes=evidence.nnodes,
         backend=backend, device=device, outcome=evidence.outcome, duration_s=duration_s,
@@ -109,7 +112,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
     )
 
 
-def interruption_of(evidence: Evidence, analysis: Analysis) -> Optional[dict]:
+def interruption_of(evidence: Evidence, analysis: Analysis) -> Optional[dict[str, Any]]:
     """The report's account of a stop signal: which, whose, when, what it cut off, where each rank was."""
     stop = evidence.stop
     if evidence.outcome != Outcome.INTERRUPTED or stop is None:
