@@ -35,7 +35,9 @@ _EXPORTS = {
     "RankEvidence": "ddpdoctor.analysis.evidence",
 }
 
-__all__ = [*_EXPORTS, "__version__"]
+# Spelt out (the names of _EXPORTS), so linters and type checkers see the lazy re-exports as public.
+__all__ = ["run", "RunConfig", "Report", "Check", "CheckResult", "Consequence", "Finding", "Location", "Severity",
+           "Evidence", "RankEvidence", "__version__"]
 
 if TYPE_CHECKING:
     from ddpdoctor.analysis.api import Check, CheckResult, Consequence, Finding, Location, Severity

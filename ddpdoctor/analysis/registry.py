@@ -17,7 +17,8 @@ from ddpdoctor.plugins import CHECKS_GROUP as GROUP
 from ddpdoctor.plugins import DISABLE_PLUGINS_ENV, is_builtin, plugins_disabled
 from ddpdoctor.plugins import entry_points as _declared
 
-__all__ = ["GROUP", "DISABLE_PLUGINS_ENV", "LoadedCheck", "load_checks", "checks_for", "find_check", "is_builtin", "plugins_disabled"]
+__all__ = ["GROUP", "DISABLE_PLUGINS_ENV", "LoadedCheck", "load_checks", "checks_for", "find_check", "is_builtin",
+           "plugins_disabled"]
 
 
 def entry_points(group: str) -> list[EntryPoint]:
