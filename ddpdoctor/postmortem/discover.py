@@ -45,7 +45,8 @@ def discover(paths: list[str]) -> Inputs:
             if os.path.isdir(path):
                 inputs_from_dir = discover([path])
                 for kind in ("dumps", "error_files", "logs", "ignored"):
-                    getattr(inputs, kind).extend(x for x in getattr(inputs_from_dir, kind) if x not in getattr(inputs, kind))
+                    known = getattr(inputs, kind)
+                    known.extend(x for x in getattr(inputs_from_dir, kind) if x not in known)
             else:
                 _sort(path, inputs, seen, explicit=True)
     return inputs
@@ -78,7 +79,8 @@ def _sort(path: str, inputs: Inputs, seen: set[str], *, explicit: bool) -> None:
     elif explicit or path.endswith(_LOG_SUFFIXES):
         inputs.logs.append(path)
     elif not _ours(path):
-        inputs.ignored.append((path, "text without a .log/.out/.err/.txt name (name it on the command line to read it)"))
+        inputs.ignored.append(
+            (path, "text without a .log/.out/.err/.txt name (name it on the command line to read it)"))
 
 
 def _ours(path: str) -> bool:

@@ -42,7 +42,8 @@ def _direction(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: dic
     if "exp_avg" in state and "exp_avg_sq" in state and "betas" in group and "eps" in group:
         step = max(_number(state.get("step", 1)), 1.0)
         beta1, beta2 = (_number(b) for b in group["betas"])
-        second = state.get("max_exp_avg_sq") if group.get("amsgrad") and "max_exp_avg_sq" in state else state["exp_avg_sq"]
+        second = (state.get("max_exp_avg_sq") if group.get("amsgrad") and "max_exp_avg_sq" in state
+                  else state["exp_avg_sq"])
         first = state["exp_avg"].detach().float() / (1 - beta1**step)
         second = second.detach().float() / (1 - beta2**step)
         direction = first.abs() / (second.sqrt() + _number(group["eps"]))

@@ -61,7 +61,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
 ) -> None:
     """Proves a DDP job correct: gradients and buffers in sync, disjoint data shards, set_epoch,
     unused parameters, hangs, crashes and checkpoints."""

@@ -147,7 +147,8 @@ class LocalPeer(threading.Thread):
                 self._finished.wait(self.grace_s)
                 self.stop_rank()
                 return
-            if not self._warned and self.node.leader_pid() is None and time.monotonic() - self._began_at > LEADER_WAIT_S:
+            if (not self._warned and self.node.leader_pid() is None
+                    and time.monotonic() - self._began_at > LEADER_WAIT_S):
                 self._warned = True
                 self.notice(f"rank {self.rank} found no ddpdoctor of local rank 0 in {self.node.path} (a launcher "
                             f"that does not start the ranks of a node from one process?); set {NODE_GROUPS}=0 so "

@@ -159,7 +159,8 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
     observations = Observations(
         outcome=_outcome(result.stop, failed=failed), world_size=plan.world_size, nnodes=_nnodes(config, plan),
-        launch_mode=plan.mode, launch=_launch_info(plan, config.launch_note), failures=collected.failures, stop=result.stop,
+        launch_mode=plan.mode, launch=_launch_info(plan, config.launch_note), failures=collected.failures,
+        stop=result.stop,
         timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
         min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)

@@ -217,7 +217,8 @@ class StoreTransport:
         self.node = node  # rank 0's own node: its ranks are let go like any node's
         self.num_local = num_local
         self._groups: list[str] = []
-        self._bundle_seq: dict[str, tuple[int, float]] = {}  # group -> (its heartbeat bundle's seq, local time it changed)
+        # group -> (its heartbeat bundle's seq, local time it changed)
+        self._bundle_seq: dict[str, tuple[int, float]] = {}
         self._group_of: dict[int, str] = {}
         self._alive: dict[int, bool] = {}
         self._finals: dict[str, dict] = {}

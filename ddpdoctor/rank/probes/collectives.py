@@ -107,7 +107,8 @@ def install(rec: Recorder) -> None:
                         arguments = signature.bind_partial(*args, **kwargs).arguments
                     except TypeError:
                         arguments = dict(kwargs)
-                values = [v for k, v in arguments.items() if k != "group"] if signature else list(args) + list(kwargs.values())
+                values = ([v for k, v in arguments.items() if k != "group"] if signature
+                          else list(args) + list(kwargs.values()))
                 ranks = group_ranks(arguments.get("group"))
                 group = None if ranks is None else tuple(ranks) if isinstance(ranks, list) else (ranks,)
                 units = predicted_units(op)

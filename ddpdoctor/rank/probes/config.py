@@ -247,7 +247,8 @@ def _note_autocast(ddp: DistributedDataParallel, state: "ddp_probe.DDPState", in
         AUTOCAST[state.index] = (torch.is_autocast_enabled(device_type), str(torch.get_autocast_dtype(device_type)))
 
 
-def capture(optimizer: torch.optim.Optimizer, ddp_indices: list[int], scale: Optional[float]) -> tuple[str, Callable[[], dict]]:
+def capture(optimizer: torch.optim.Optimizer, ddp_indices: list[int],
+            scale: Optional[float]) -> tuple[str, Callable[[], dict]]:
     """The digest of what must agree for this optimizer's step now, and a function that builds the
     detail (names, counts) when the caller needs it."""
     groups = config_state.group_values(optimizer, exact=True)

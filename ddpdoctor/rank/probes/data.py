@@ -151,7 +151,8 @@ class _Pass:
                 indices=None if flat is None else encode_indices(flat),
                 order=None if self.opaque else self.order.hexdigest(),
                 head=[] if self.opaque else list(self.head), tail=[] if self.opaque else list(self.tail),
-                steps=self.fed.steps, ddp_forwards=self.fed.forwards, sampler=self.sampler_info, site=self.site, **self.loader_info))
+                steps=self.fed.steps, ddp_forwards=self.fed.forwards, sampler=self.sampler_info, site=self.site,
+                **self.loader_info))
             self.part += 1
             self.last_write = time.monotonic()
 

@@ -78,7 +78,8 @@ class _OptimizerState:
             now = ddp_probe.STATES[index].forward_counts()
             before = self.last_forwards.get(index, (0, 0, 0))
             self.last_forwards[index] = now
-            out[str(index)] = {"synced": now[0] - before[0], "unsynced": now[1] - before[1], "inner": now[2] - before[2]}
+            out[str(index)] = {"synced": now[0] - before[0], "unsynced": now[1] - before[1],
+                               "inner": now[2] - before[2]}
         return out
 
 
@@ -210,7 +211,8 @@ def _describe(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Opti
     names = [n if n is not None or f is None else f[1] for n, f in zip(names, frozen)]
     if not all(n is not None for n in names):
         fallback = _names_from_live_modules({id(p) for p, n in zip(params, names) if n is None})
-        names = [n if n is not None else fallback.get(id(p), f"param{i}") for i, (n, p) in enumerate(zip(names, params))]
+        names = [n if n is not None else fallback.get(id(p), f"param{i}")
+                 for i, (n, p) in enumerate(zip(names, params))]
     state.structure = tuple(len(g["params"]) for g in optimizer.param_groups)
     state.owned_ddp = {d for d in ddp_of if d is not None}
     entries, step = _state_summary(optimizer) if state.num_steps <= 1 else (0, None)
@@ -266,7 +268,8 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         return
     reduced = state.reduced  # taken only for a step without a closure
     extra = [*([reduced.before_step, *reduced.pendings] if reduced is not None else []),
-             *([state.scale] if state.scale is not None else []), *([state.written] if state.written is not None else [])]
+             *([state.scale] if state.scale is not None else []),
+             *([state.written] if state.written is not None else [])]
     resolved = fingerprints.resolve(grads, fingerprints.start(params), *extra)
     grad_values, param_values = resolved.pop(0), resolved.pop(0)
     if state.written is not None:
@@ -287,7 +290,8 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
         step.config = digest
         if digest != state.last_digest:
             state.last_digest = digest
-            rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest, **{**detail(), "scale": scale_value}))
+            rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest,
+                                 **{**detail(), "scale": scale_value}))
 
 
 def _measure_unchanged(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer,

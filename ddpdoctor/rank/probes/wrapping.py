@@ -143,7 +143,8 @@ def install(rec: Recorder) -> Callable[[], None]:
         def add_param_group(self, param_group):
             result = original(self, param_group)
             caller = sys._getframe(1)
-            if ddp_probe.FROZEN_AT_WRAP and not (caller.f_code.co_name == "__init__" and caller.f_locals.get("self") is self):
+            in_own_init = caller.f_code.co_name == "__init__" and caller.f_locals.get("self") is self
+            if ddp_probe.FROZEN_AT_WRAP and not in_own_init:
                 with rec.guard(PROBE, "Optimizer.add_param_group"):
                     _unfrozen(rec, "add_param_group", self.param_groups[-1]["params"], caller)
             return result
