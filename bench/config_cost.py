@@ -76,14 +76,16 @@ def bench_config() -> None:
             if "MLP" in label:
                 x, y = torch.randn(32, 1024), torch.randint(0, 10, (32,))
 
-                def step() -> None:
+                def step(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
+                         x: torch.Tensor = x, y: torch.Tensor = y) -> None:
                     optimizer.zero_grad()
                     F.cross_entropy(model(x), y).backward()
                     optimizer.step()
             else:
                 tokens = torch.randint(0, 32000, (1, 65))
 
-                def step() -> None:
+                def step(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
+                         tokens: torch.Tensor = tokens) -> None:
                     optimizer.zero_grad()
                     F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
                     optimizer.step()
@@ -91,11 +93,12 @@ def bench_config() -> None:
             step_us = _median_us(step, repeats=5)
             watch = config_probe.ParamGroupsWatch(optimizer)
             index = config_probe.MODULES[id(model)][0]  # this wrapper's DDP index
-            digest_us = _median_us(lambda: config_probe.capture(optimizer, [index], None)[0])
-            check_us = _median_us(lambda: watch.check(optimizer, 0, 1))
+            # (each lambda binds this model's objects: a closure would read the loop's variables)
+            digest_us = _median_us(lambda o=optimizer, i=index: config_probe.capture(o, [i], None)[0])
+            check_us = _median_us(lambda w=watch, o=optimizer: w.check(o, 0, 1))
             patched_us = _median_us(model.train)
-            plain_us = _median_us(lambda: original_train(model))
-            read_us = _median_us(lambda: optimizer.param_groups)
+            plain_us = _median_us(lambda m=model: original_train(m))
+            read_us = _median_us(lambda o=optimizer: o.param_groups)
             rows.append([label, num_modules, f"{step_us / 1000:.1f}", f"{digest_us:.0f}", f"{check_us:.1f}",
                          f"{plain_us:.0f} -> {patched_us:.0f}", f"{read_us:.2f}"])
         ab_rows = []

@@ -73,7 +73,7 @@ def main() -> None:
     }
     rows = []
     for name, batch in batches.items():
-        cost = median_us(lambda: row_hashes(batch), args.repeats)
+        cost = median_us(lambda batch=batch: row_hashes(batch), args.repeats)
         share = f"{100 * cost / step:.1f}%" if name.startswith("reference") else ""
         rows.append([name, f"{cost:.0f}", share])
     table(f"content fingerprint per batch (CPU, 1 thread, median of {args.repeats}; reference training step "

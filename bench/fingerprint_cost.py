@@ -33,12 +33,13 @@ def bench_fingerprint() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         x = torch.randn(32, width)
 
-        def step() -> None:
+        def step(model: torch.nn.Module = model, optimizer: torch.optim.Optimizer = optimizer,
+                 x: torch.Tensor = x) -> None:
             optimizer.zero_grad()
             model(x).square().mean().backward()
             optimizer.step()
 
-        def probe() -> None:
+        def probe(model: torch.nn.Module = model) -> None:
             params = list(model.parameters())
             grads, values = fingerprints.resolve(fingerprints.start([p.grad for p in params]),
                                                  fingerprints.start(params))

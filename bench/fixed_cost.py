@@ -43,8 +43,8 @@ def main() -> None:
         launches = {"plain torchrun": None, "ddpdoctor check (this checkout)": PY}
         if args.baseline_python:
             launches["ddpdoctor check (baseline)"] = args.baseline_python
-        times: dict[tuple[str, str], list[float]] = {(s, l): [] for s in SCRIPTS for l in launches}
-        crashes: dict[tuple[str, str], list[str]] = {(s, l): [] for s in SCRIPTS for l in launches}
+        times: dict[tuple[str, str], list[float]] = {(s, launch): [] for s in SCRIPTS for launch in launches}
+        crashes: dict[tuple[str, str], list[str]] = {(s, launch): [] for s in SCRIPTS for launch in launches}
         for _ in range(args.rounds):
             for label, path in paths.items():
                 for launch, python in launches.items():

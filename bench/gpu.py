@@ -106,11 +106,13 @@ def bench_fingerprint(dtype: torch.dtype = torch.float32) -> dict:
     floor_ms = nbytes / bandwidth * 1000
     result = {"gpu": torch.cuda.get_device_name(), "dtype": str(dtype), "tensors": len(params),
               "parameters": sum(p.numel() for p in params), "fused_norm_max_ms": old_ms, "word_sums_ms": new_ms,
-              "batched_word_sums_ms": batched_ms, "word_sum_per_tensor_ms": each_ms, "one_read_ms": floor_ms, "copy_bandwidth_tbs": bandwidth / 1e12}
+              "batched_word_sums_ms": batched_ms, "word_sum_per_tensor_ms": each_ms, "one_read_ms": floor_ms,
+              "copy_bandwidth_tbs": bandwidth / 1e12}
     table(f"fingerprint of gradients + parameters, {len(params)} tensors, "
           f"{result['parameters'] / 1e6:.0f}M parameters, {dtype}, {result['gpu']}",
           ["way", "ms (median of 50)"],
-          [["fused norm + max per dtype (before)", f"{old_ms:.3f}"], ["word sums, a kernel per tensor", f"{each_ms:.3f}"],
+          [["fused norm + max per dtype (before)", f"{old_ms:.3f}"],
+           ["word sums, a kernel per tensor", f"{each_ms:.3f}"],
            ["word sums: own kernel per big tensor, small ones together (now)", f"{new_ms:.3f}"],
            ["word sums, concatenated in chunks + cumsum", f"{batched_ms:.3f}"],
            [f"one read of the bytes at {bandwidth / 1e12:.2f} TB/s", f"{floor_ms:.3f}"]])

@@ -3,9 +3,9 @@ the default schedule and with --fingerprint-every 1, and torchrun with TORCH_DIS
 and =DETAIL (PyTorch's own diagnostics, for comparison). The configurations run interleaved, round
 after round, so drift in the machine's speed hits them alike; a run that crashes is reported so.
 
-``--baseline-python PATH`` (bench/run.py) adds the default schedule and every-step fingerprints of another ddpdoctor install
-(the Python of a venv holding an earlier build), interleaved with this one: what a change to the
-probes costs, side by side.
+``--baseline-python PATH`` (bench/run.py) adds the default schedule and every-step fingerprints of another
+ddpdoctor install (the Python of a venv holding an earlier build), interleaved with this one: what a change
+to the probes costs, side by side.
 """
 
 from __future__ import annotations
@@ -86,7 +86,8 @@ def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | Non
                 mean_ratios[name].append(mean / plain[1])
     rows = []
     for name in configs:
-        crashed = f"{len(crashes[name])} of {rounds}: {', '.join(sorted(set(crashes[name])))}" if crashes[name] else "none"
+        crashed = (f"{len(crashes[name])} of {rounds}: {', '.join(sorted(set(crashes[name])))}" if crashes[name]
+                   else "none")
         if not ratios[name]:
             rows.append([name, "-", "-", "-", "-", "-", crashed])
             continue

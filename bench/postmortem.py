@@ -112,7 +112,8 @@ def bench_scale(*, ranks: int, entries: int) -> None:
         named = f"rank {stuck} is not inside a collective" in finding.get("message", "")
         rows = [[ranks, entries, f"{size / 2**20:.0f} MiB", f"{written_s:.1f} s", f"{wall:.1f} s",
                  f"{peak_kib / 2**20:.2f} GiB" if peak_kib > before else "n/a",
-                 f"{finding.get('check')} {finding.get('severity')}, #{(finding.get('evidence') or {}).get('sequence')}",
+                 f"{finding.get('check')} {finding.get('severity')}, "
+                 f"#{(finding.get('evidence') or {}).get('sequence')}",
                  "yes" if named else f"NO: {proc.stdout[-500:]}"]]
         table(f"analyze: {ranks} ranks of flight recorder dumps (rank {stuck} stuck after #{stuck_last})",
               ["ranks", "entries/rank", "dumps", "written in", "analyze wall", "peak RSS", "root finding",
@@ -126,7 +127,8 @@ def bench_recorder_cost(*, rounds: int, steps: int) -> None:
     interleaved, for the 9.5M-parameter MLP of bench/workloads and for a tiny one whose step is
     almost only its collectives (the recorder's cost is per collective: a Python stack each)."""
     workload = ROOT / "bench" / "workloads" / "mlp_step.py"
-    models = {"MLP 9.5M params": ("--width", "1024", "--depth", "9"), "MLP 4k params": ("--width", "32", "--depth", "2")}
+    models = {"MLP 9.5M params": ("--width", "1024", "--depth", "9"),
+              "MLP 4k params": ("--width", "32", "--depth", "2")}
     rows = []
     for name, model in models.items():
         times: dict[str, list[float]] = {"0": [], "2000": []}

@@ -3,7 +3,7 @@ command starts (the supervisor, torchrun's agent, the ranks), read from /proc ev
 
     python bench/process_times.py [--rounds 3] -- COMMAND [ARGS...]
     python bench/process_times.py -- python -m ddpdoctor check fixtures/reference.py --plain -q
-    python bench/process_times.py -- python -m torch.distributed.run --standalone --nproc-per-node 2 fixtures/reference.py
+    python bench/process_times.py -- torchrun --standalone --nproc-per-node 2 fixtures/reference.py
 
 Linux only. Prints one table per round; asserts nothing. A process that lives under 10 ms may be
 missed, and CPU seconds are read at the last sample before a process exits (up to 10 ms short).

@@ -298,7 +298,8 @@ def first_error_line(report: dict) -> str:
 def judge(case: Case, out: Path, code: int) -> Result:
     report_path = out / "report.json"
     if not report_path.is_file():
-        tail = (out / "output.txt").read_text(errors="replace").strip().splitlines()[-1:] if (out / "output.txt").is_file() else []
+        output = out / "output.txt"
+        tail = output.read_text(errors="replace").strip().splitlines()[-1:] if output.is_file() else []
         return Result(case, "could-not-run", note=f"no report (ddpdoctor exit {code}): {' '.join(tail)[:200]}")
     report = json.loads(report_path.read_text())
     top, info, consequences = findings_of(report)

@@ -21,7 +21,8 @@ class _DefineTorchvisionOps(importlib.abc.MetaPathFinder):
 
         for op in ("nms", "qnms"):
             try:
-                torch.library.define(f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+                torch.library.define(f"torchvision::{op}",
+                                     "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             except RuntimeError:
                 pass  # already defined: torchvision's own ops did load
         return None
