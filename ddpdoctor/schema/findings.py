@@ -247,12 +247,6 @@ class RawEvidence(EvidenceRecord):
     def keys(self) -> Any:
         return self.data.keys()
 
-    def __setitem__(self, key: str, value: Any) -> None:  # TRANSITIONAL: checks not yet typed fill it in
-        self.data[key] = value  # type: ignore[index]
-
-    def update(self, other: Mapping[str, Any]) -> None:  # TRANSITIONAL
-        self.data.update(other)  # type: ignore[attr-defined]
-
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RawEvidence):
             return dict(self.data) == dict(other.data)
