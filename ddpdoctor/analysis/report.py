@@ -185,9 +185,14 @@ class Report:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Report":
         """A report saved with ``--json``, back as a Report: CI renders JUnit, SARIF or Markdown from
-        it without rerunning the job. Keys this version does not know are ignored."""
+        it without rerunning the job. Keys this version does not know are ignored. The installed checks
+        are loaded first: each registers its evidence types, so its findings' evidence comes back typed
+        (with its labels and units), not as the plain dicts of the JSON."""
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a {SCHEMA} report (schema {data.get('schema')!r})")
+        from ddpdoctor.analysis.registry import load_checks  # on use: importing the model needs no checks
+
+        load_checks()
         return cls(
             version=data["version"], script=data.get("script"), argv=list(data.get("argv", [])),
             world_size=data["world_size"], nnodes=data["nnodes"], backend=data["backend"], device=data["device"],
