@@ -79,7 +79,7 @@ class NoProgress(EvidenceRecord, CollectivesUnmatched):
     discriminator = {"kind": HangKind.NO_PROGRESS.value}
     kind: str = evidence_field(hidden=True, default=HangKind.NO_PROGRESS)
     threshold_s: Optional[float] = evidence_field(hidden=True, keep_none=True)
-    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)  # rank -> its state
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, unit="rank-states", default_factory=dict)
     sequence: Optional[int] = evidence_field(hidden=True, keep_none=True)
     group: Optional[list[int]] = evidence_field(keep_none=True)
 
@@ -93,15 +93,15 @@ class Hung(EvidenceRecord, CollectivesUnmatched):
     kind: str = evidence_field(hidden=True, default=HangKind.HANG)
     threshold_s: Optional[float] = evidence_field(hidden=True, keep_none=True)
     timeout_s: Optional[float] = evidence_field(label="timeout", unit="s", default=ABSENT)
-    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)  # rank -> its state
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, unit="rank-states", default_factory=dict)
     culprit: Optional[int] = evidence_field(hidden=True, default=ABSENT)
     called_by: Optional[list[int]] = evidence_field(label="called by", unit="ranks", default=ABSENT)
     never_called_by: Optional[list[int]] = evidence_field(label="never called by", unit="ranks", default=ABSENT)
-    first_divergence: Optional[int] = evidence_field(hidden=True, keep_none=True)
+    first_divergence: Optional[int] = evidence_field(hidden=True, unit="divergence", keep_none=True)
     sequence: Optional[int] = evidence_field(hidden=True, keep_none=True)
     group: Optional[list[int]] = evidence_field(keep_none=True)
     culprit_phase: Optional[str] = evidence_field(hidden=True, keep_none=True)
-    timeline: dict[str, dict[str, str]] = evidence_field(hidden=True, default_factory=dict)
+    timeline: dict[str, dict[str, str]] = evidence_field(hidden=True, unit="collective-timeline", default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class Mismatched(EvidenceRecord, CollectivesUnmatched):
     culprit: Optional[int] = evidence_field(hidden=True, keep_none=True)
     culprit_phase: Optional[str] = evidence_field(hidden=True, keep_none=True)
     group: Optional[list[int]] = evidence_field(keep_none=True)
-    calls: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)  # rank -> its call
+    calls: dict[str, dict[str, Any]] = evidence_field(hidden=True, unit="rank-calls", default_factory=dict)
     rank_only: Optional[str] = evidence_field(hidden=True, default=ABSENT)
     never_ran: list[int] = evidence_field(label="never ran it", unit="ranks", default=ABSENT)
     collectives_from_line: dict[str, int] = evidence_field(label="collectives from that line", default=ABSENT)
@@ -143,7 +143,7 @@ class Stalled(EvidenceRecord):
 
     discriminator = {"kind": HangKind.STALL.value}
     kind: str = evidence_field(hidden=True, default=HangKind.STALL)
-    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, unit="rank-states", default_factory=dict)
 
 
 def _diverged(finding: Finding) -> bool:

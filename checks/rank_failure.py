@@ -79,7 +79,7 @@ class TimedOut(EvidenceRecord, RankFailed):
 
     discriminator = {"kind": FailureKind.TIMEOUT.value}
     kind: str = evidence_field(hidden=True, default=FailureKind.TIMEOUT.value)
-    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, default_factory=dict)
+    ranks: dict[str, dict[str, Any]] = evidence_field(hidden=True, unit="rank-states", default_factory=dict)
     timeout_s: Optional[float] = evidence_field(label="timeout", unit="s", keep_none=True)
 
 

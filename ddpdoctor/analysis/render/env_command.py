@@ -3,7 +3,7 @@ each shown once when every rank has the same value and per rank where they diffe
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -15,7 +15,7 @@ from ddpdoctor.analysis.report import Report
 __all__ = ["ranks_table", "devices_table", "variables_table", "render_environment"]
 
 
-def _gpu(env: dict) -> str:
+def _gpu(env: Mapping[str, Any]) -> str:
     device = env.get("device")
     if device:
         memory = next((g.get("memory_bytes") for g in env.get("gpus", []) if g.get("index") == device.get("index")),
@@ -31,7 +31,7 @@ def _table(title: str) -> Table:
     return Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title=title, title_justify="left")
 
 
-def ranks_table(environment: list[dict]) -> Table:
+def ranks_table(environment: Sequence[Mapping[str, Any]]) -> Table:
     """Where each rank runs and with what software; its devices are :func:`devices_table` (two
     tables, so each fits an 80-column terminal without cutting a value)."""
     table = _table("ranks")
@@ -44,7 +44,7 @@ def ranks_table(environment: list[dict]) -> Table:
     return table
 
 
-def devices_table(environment: list[dict]) -> Table:
+def devices_table(environment: Sequence[Mapping[str, Any]]) -> Table:
     table = _table("devices")
     for column in ("rank", "CUDA", "cuDNN", "NCCL", "driver"):
         table.add_column(column, no_wrap=True)
@@ -55,7 +55,7 @@ def devices_table(environment: list[dict]) -> Table:
     return table
 
 
-def variables_table(environment: list[dict]) -> Optional[Table]:
+def variables_table(environment: Sequence[Mapping[str, Any]]) -> Optional[Table]:
     names = sorted({k for env in environment for k in env.get("variables", {})})
     if not names:
         return None
@@ -76,7 +76,7 @@ def variables_table(environment: list[dict]) -> Optional[Table]:
 
 
 def render_environment(console: Console, report: Report, *, plain: bool) -> None:
-    """The environment tables, then the env-consistency (and any crash) findings, then a verdict."""
+    """The environment tables, then the findings of the checks that judge it (and any crash), then a verdict."""
     from ddpdoctor.analysis.render import terminal
 
     nodes = len({(e.get("host"), e.get("node")) for e in report.environment})
@@ -92,11 +92,11 @@ def render_environment(console: Console, report: Report, *, plain: bool) -> None
         console.print(Text(f"[{check.status.upper()}] {check.id}: {check.summary}" if plain else
                            f"{check.id}: {check.summary}"))
     for finding in report.findings:
-        terminal.render_finding(console, finding.to_json(), plain=plain)
+        terminal.render_finding(console, finding, plain=plain)
     console.print(Text(verdict(report), style="bold"))
 
 
-def environment_markdown(report: Optional[Report], system: dict, *, problem: Optional[str] = None) -> str:
+def environment_markdown(report: Optional[Report], system: Mapping[str, Any], *, problem: Optional[str] = None) -> str:
     """A block to paste into a bug report, as ``accelerate env`` prints one: this machine (OS, CPU,
     Python, packages) and what every rank saw (torch, CUDA, cuDNN, NCCL, driver, backend, GPU)."""
     lines = ["<details open><summary>ddpdoctor env</summary>", "", "- OS: " + str(system.get("os")),

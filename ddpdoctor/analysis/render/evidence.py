@@ -24,13 +24,15 @@ import contextlib
 import contextvars
 import math
 import os
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
 from ddpdoctor.schema.events import InternalPhase
 from ddpdoctor.schema.findings import EvidenceRecord, FieldInfo, as_evidence
 
-__all__ = ["UNITS", "LABELS", "PHASES", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text", "number",
-           "size", "seconds", "call_text"]
+__all__ = ["UNITS", "LABELS", "PHASES", "VIEW_UNITS", "RANK_STATES", "RANK_CALLS", "COLLECTIVE_TIMELINE", "DIVERGENCE",
+           "EvidenceViews", "evidence_views", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text",
+           "number", "size", "seconds", "call_text"]
 
 MAX_ITEMS = 8
 MAX_GROUPS = 6
@@ -92,14 +94,15 @@ def site_text(site: Any) -> str:
     return f"{name}:{site.get('line')}{function}"
 
 
-def ranks_text(ranks: list) -> str:
+def ranks_text(ranks: Iterable[Any]) -> str:
     """``rank 3``, ``ranks 0, 1, 5``, ``ranks 0-7`` (consecutive runs collapse)."""
     values = sorted({int(r) for r in ranks})
     if not values:
         return "no rank"
     runs: list[str] = []
     start = prev = values[0]
-    for r in values[1:] + [None]:  # type: ignore[list-item]
+    following: list[Optional[int]] = [*values[1:], None]
+    for r in following:
         if r is not None and r == prev + 1:
             prev = r
             continue
@@ -113,7 +116,7 @@ def ranks_text(ranks: list) -> str:
 PHASES = {phase.value: phase.part_of for phase in InternalPhase if phase.is_ddp}
 
 
-def call_text(call: dict) -> str:
+def call_text(call: Mapping[str, Any]) -> str:
     """One rank's collective call: ``all_reduce of float32[4]``, or the DDP phase an internal one belongs to."""
     tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
                         if isinstance(t, list) and len(t) == 2)
@@ -151,7 +154,7 @@ def _is_shape_key(key: str) -> bool:
     return key.endswith(("shape", "shapes"))
 
 
-def _items(values: list, fmt: Formatter) -> str:
+def _items(values: list[Any], fmt: Formatter) -> str:
     shown = [fmt(v) for v in values[:MAX_ITEMS]]
     more = len(values) - len(shown)
     if len(values) > 3 and len({repr(v) for v in values}) == 1:
@@ -159,7 +162,7 @@ def _items(values: list, fmt: Formatter) -> str:
     return ", ".join(shown) + (f", … ({more} more)" if more > 0 else "")
 
 
-def _rank_map(value: dict, fmt: Formatter) -> str:
+def _rank_map(value: Mapping[str, Any], fmt: Formatter) -> str:
     groups = _rank_groups(value, fmt)
     if len(groups) == 1 and len(value) > 1:
         text, ranks = groups[0]
@@ -170,7 +173,7 @@ def _rank_map(value: dict, fmt: Formatter) -> str:
     return " · ".join(parts)
 
 
-def _rank_groups(value: dict, fmt: Formatter) -> list[tuple[str, list[int]]]:
+def _rank_groups(value: Mapping[str, Any], fmt: Formatter) -> list[tuple[str, list[int]]]:
     """(text, ranks) per distinct formatted value, lowest rank first."""
     groups: dict[str, list[int]] = {}
     for rank, v in value.items():
@@ -217,7 +220,7 @@ def format_value(value: Any, key: str = "", *, depth: int = 0) -> str:
     return str(value)
 
 
-def _list_text(value: list, key: str, depth: int) -> str:
+def _list_text(value: list[Any], key: str, depth: int) -> str:
     if _is_shape_key(key) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return "×".join(map(str, value)) if value else "scalar"
     if not value:
@@ -230,7 +233,7 @@ def _list_text(value: list, key: str, depth: int) -> str:
     return _items(value, lambda v: _list_item(v, key, depth))
 
 
-def _record_lines(records: list, *, depth: int = 0) -> list[str]:
+def _record_lines(records: list[Any], *, depth: int = 0) -> list[str]:
     """One phrase per record (at most MAX_LINES, then how many more)."""
     lines = [format_value(r, depth=depth + 1) for r in records[:MAX_LINES]]
     if len(records) > MAX_LINES:
@@ -266,16 +269,18 @@ def _nested_labels(labels: Mapping[str, str]) -> Iterator[None]:
         _NESTED.reset(token)
 
 
-def record_text(record: dict, *, depth: int = 0) -> str:
+def record_text(record: Mapping[Any, Any], *, depth: int = 0) -> str:
     """A record as one phrase: ``rank 0: `.cpu()` at train.py:31 after step 1, count 4``.
 
     The rank (a ``rank``/``ranks`` field) leads, then the subject (the first field, when it is text),
     then the fields whose label starts with a preposition (``at``, ``after step``, ``via``), then the
     other facts as ``label value``. A call site already shown (the innermost frame of another site
     field) is not repeated."""
-    who, subject, phrases, facts = "", "", [], []
+    who, subject = "", ""
+    phrases: list[str] = []
+    facts: list[str] = []
     richest = _richest_sites(record)
-    seen_sites: set = set()
+    seen_sites: set[tuple[Any, Any]] = set()
     for raw_key, value in record.items():
         key = str(raw_key)
         if key in RAW_KEYS or _absent(value):
@@ -308,13 +313,13 @@ def record_text(record: dict, *, depth: int = 0) -> str:
     return body or "none"
 
 
-def _where(site: Any) -> tuple:
+def _where(site: Any) -> tuple[Any, Any]:
     """(file, line) of a call site's innermost frame."""
     innermost = site[0] if isinstance(site, list) else site
     return innermost.get("file"), innermost.get("line")
 
 
-def _richest_sites(record: dict) -> dict[tuple, dict]:
+def _richest_sites(record: Mapping[Any, Any]) -> dict[tuple[Any, Any], Any]:
     """Per (file, line), the frame that also names its function, from any call-site field of the record:
     one field may say where (``at``) and another the whole stack (``candidates``)."""
     frames = [f for v in record.values() if _is_sites(v) for f in (v if isinstance(v, list) else [v])]
@@ -429,18 +434,18 @@ UNITS: dict[str, Formatter] = {
 
 def _label_of(key: Any) -> str:
     """The key's label, or the key in words without its unit suffix (the value carries the unit)."""
-    key = str(key)
-    nested = _NESTED.get().get(key)
+    name = str(key)
+    nested = _NESTED.get().get(name)
     if nested:
         return nested
-    entry = LABELS.get(key)
+    entry = LABELS.get(name)
     if entry:
         return entry[0]
     for suffix in _UNIT_SUFFIXES:
-        if key.endswith(suffix) and len(key) > len(suffix):
-            key = key[: -len(suffix)]
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
             break
-    return key.replace("_", " ")
+    return name.replace("_", " ")
 
 
 def evidence_rows(evidence: Union[EvidenceRecord, Mapping[str, Any]], *,
@@ -468,11 +473,60 @@ def evidence_rows(evidence: Union[EvidenceRecord, Mapping[str, Any]], *,
 
 
 def _untyped_info(key: str, info: FieldInfo) -> FieldInfo:
-    """TRANSITIONAL, until every built-in check's evidence is typed: a dict key's label from LABELS."""
+    """TRANSITIONAL, until every built-in check's evidence is typed: a dict key's label from LABELS
+    (and the unit of a view, from _VIEW_KEYS)."""
     if info != FieldInfo() or key not in LABELS:
         return info
     entry = LABELS[key]
-    return FieldInfo(hidden=True) if entry is None else FieldInfo(label=entry[0])
+    return FieldInfo(hidden=True, unit=_VIEW_KEYS.get(key)) if entry is None else FieldInfo(label=entry[0])
+
+
+# Units of evidence fields the terminal and the HTML page draw as pictures, not rows (declare them
+# hidden): where each rank was (rank -> {state, waiting_in, stalled_s, last_collective, where}), each
+# rank's call of a collective (rank -> {op, phase, tensors, site}), the last collectives of every rank
+# (rank -> {sequence number: the call in words}) and the sequence number of the first that differed.
+RANK_STATES = "rank-states"
+RANK_CALLS = "rank-calls"
+COLLECTIVE_TIMELINE = "collective-timeline"
+DIVERGENCE = "divergence"
+VIEW_UNITS = frozenset({RANK_STATES, RANK_CALLS, COLLECTIVE_TIMELINE, DIVERGENCE})
+
+# TRANSITIONAL: the keys of a plain dict's views (a report saved by an older build, a plugin's dict).
+_VIEW_KEYS = {"ranks": RANK_STATES, "calls": RANK_CALLS, "timeline": COLLECTIVE_TIMELINE,
+              "first_divergence": DIVERGENCE}
+
+
+@dataclass(frozen=True)
+class EvidenceViews:
+    """The fields of a finding's evidence drawn as pictures, found by their declared unit, as the JSON
+    report has them (a live report and the same report read back draw alike); None where it has none."""
+
+    states: Optional[Mapping[str, Any]] = None
+    calls: Optional[Mapping[str, Any]] = None
+    timeline: Optional[Mapping[str, Any]] = None
+    divergence: Optional[int] = None
+
+
+def evidence_views(evidence: Union[EvidenceRecord, Mapping[str, Any]]) -> EvidenceViews:
+    """The evidence's views (the first field of each view unit)."""
+    record = as_evidence(evidence)
+    keys: dict[str, str] = {}
+    for key, _, info in record.rows():
+        unit = _untyped_info(key, info).unit
+        if unit in VIEW_UNITS:
+            keys.setdefault(unit, key)
+    if not keys:
+        return EvidenceViews()
+    data = record.to_json()
+
+    def mapping(unit: str) -> Optional[Mapping[str, Any]]:
+        value = data.get(keys[unit]) if unit in keys else None
+        return value if isinstance(value, dict) else None
+
+    divergence = data.get(keys[DIVERGENCE]) if DIVERGENCE in keys else None
+    return EvidenceViews(states=mapping(RANK_STATES), calls=mapping(RANK_CALLS), timeline=mapping(COLLECTIVE_TIMELINE),
+                         divergence=divergence if isinstance(divergence, int) and not isinstance(divergence, bool)
+                         else None)
 
 
 _LEGACY_FORMATTERS: dict[str, Formatter] = {k: v[1] for k, v in LABELS.items() if v is not None and v[1] is not None}

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import datetime
 from html import escape
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from ddpdoctor.analysis.render import svg
-from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
-from ddpdoctor.analysis.render.source import display_path, snippet, underline
+from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, evidence_views, ranks_text
+from ddpdoctor.analysis.render.source import Sources, display_path, snippet, underline
 from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
                                              verdict)
-from ddpdoctor.analysis.report import Report
-from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
+from ddpdoctor.analysis.report import CheckStatus, Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, EvidenceRecord, Finding, Location
 
 __all__ = ["render_html"]
 
@@ -81,11 +81,11 @@ footer { color: var(--muted); font-size: 12px; margin-top: 32px; }
 """
 
 
-def _code(location: Optional[dict], sources: dict, *, function: Optional[str] = None) -> str:
-    if not location or not location.get("file"):
+def _code(location: Optional[Location], sources: Sources, *, function: Optional[str] = None) -> str:
+    if not location or not location.file:
         return ""
-    where = f"{display_path(location['file'])}:{location['line']}" + (f" in {function}" if function else "")
-    found = snippet(location["file"], int(location["line"]), sources=sources, function=function)
+    where = f"{display_path(location.file)}:{location.line}" + (f" in {function}" if function else "")
+    found = snippet(location.file, location.line, sources=sources, function=function)
     if found is None:
         return f'<pre class="code"><span class="where">--&gt; {escape(where)}</span></pre>'
     gutter = len(str(found.line))
@@ -98,12 +98,18 @@ def _code(location: Optional[dict], sources: dict, *, function: Optional[str] = 
     return '<pre class="code">' + "\n".join(lines) + "</pre>"
 
 
-def _ranks_grid(states: dict, sources: dict, when: str) -> str:
+def _site_code(site: Any, sources: Sources) -> str:
+    """The code at a call site of the evidence ({file, line, function}), or nothing."""
+    location = Location.from_site(site)
+    return _code(location, sources, function=site.get("function")) if location is not None else ""
+
+
+def _ranks_grid(states: Optional[Mapping[str, Any]], sources: Sources, when: str) -> str:
     if not isinstance(states, dict) or not states or not all(isinstance(s, dict) and "state" in s
                                                              for s in states.values()):
         return ""
-    groups: dict[tuple, list[int]] = {}
-    first: dict[tuple, dict] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    first: dict[tuple[Any, ...], Mapping[str, Any]] = {}
     for rank, state in sorted(states.items(), key=lambda kv: int(kv[0])):
         where = state.get("where") or {}
         last = state.get("last_collective") or {}
@@ -119,15 +125,14 @@ def _ranks_grid(states: dict, sources: dict, when: str) -> str:
             facts.append(f"no progress for {state['stalled_s']:.0f} s")
         last = state.get("last_collective") or {}
         facts.append(f"last collective #{last['n']} {last.get('op', '')}" if last.get("n") else "no collective yet")
-        where = state.get("where") or {}
         cells.append(f'<div class="rankcell"><div class="who">{escape(ranks_text(ranks))}: {escape(what)}</div>'
                      f'<div class="muted">{escape(" · ".join(facts))}</div>'
-                     f'{_code(where, sources, function=where.get("function")) if where else ""}</div>')
+                     f'{_site_code(state.get("where"), sources)}</div>')
     return f'<div class="muted">where each rank was {escape(when)}:</div><div class="ranks">' + \
         "".join(cells) + "</div>"
 
 
-def _calls_grid(calls: dict, sources: dict) -> str:
+def _calls_grid(calls: Optional[Mapping[str, Any]], sources: Sources) -> str:
     if not isinstance(calls, dict) or not calls or not all(isinstance(c, dict) for c in calls.values()):
         return ""
     cells = []
@@ -135,11 +140,11 @@ def _calls_grid(calls: dict, sources: dict) -> str:
         site = call.get("site")
         site = site[0] if isinstance(site, list) and site else site
         cells.append(f'<div class="rankcell"><div class="who">rank {escape(str(rank))}: {escape(call_text(call))}</div>'
-                     f'{_code(site, sources, function=(site or {}).get("function")) if site else ""}</div>')
+                     f'{_site_code(site, sources)}</div>')
     return '<div class="muted">each rank\'s call:</div><div class="ranks">' + "".join(cells) + "</div>"
 
 
-def _evidence(evidence: dict) -> str:
+def _evidence(evidence: EvidenceRecord) -> str:
     rows = evidence_rows(evidence)
     if not rows:
         return ""
@@ -148,37 +153,37 @@ def _evidence(evidence: dict) -> str:
     return f'<table class="evidence">{body}</table>'
 
 
-def _finding(finding: dict, sources: dict, *, when: str = "when the job was stopped") -> str:
-    severity = finding["severity"]
-    evidence = finding.get("evidence") or {}
+def _finding(finding: Finding, sources: Sources, *, when: str = "when the job was stopped") -> str:
+    severity = finding.severity.value
+    views = evidence_views(finding.evidence)
     parts = [f'<div class="finding {escape(severity)}"><h3><span class="sev {escape(severity)}">'
-             f'{escape(severity.upper())}</span>{escape(finding["check"])}</h3>',
-             f'<div class="message">{escape(finding["message"])}</div>',
-             _code(finding.get("location"), sources)]
-    if finding.get("ranks"):
-        parts.append(f'<div class="muted">on {escape(ranks_text(finding["ranks"]))}</div>')
-    parts += [_ranks_grid(evidence.get("ranks"), sources, when), _calls_grid(evidence.get("calls"), sources),
-              _evidence(evidence)]
-    for consequence in finding.get("consequences", []):
-        at = f" at {display_path(consequence['location']['file'])}:{consequence['location']['line']}" \
-            if consequence.get("location") else ""
-        parts.append(f'<div class="consequence">↳ consequence ({escape(consequence["check"])}): '
-                     f'{escape(consequence["message"])}<span class="muted">{escape(at)}</span></div>')
-    parts.append(f'<div class="fix"><b>fix:</b> {escape(finding["fix"])}</div></div>')
+             f'{escape(severity.upper())}</span>{escape(finding.check)}</h3>',
+             f'<div class="message">{escape(finding.message)}</div>',
+             _code(finding.location, sources)]
+    if finding.ranks:
+        parts.append(f'<div class="muted">on {escape(ranks_text(finding.ranks))}</div>')
+    parts += [_ranks_grid(views.states, sources, when), _calls_grid(views.calls, sources),
+              _evidence(finding.evidence)]
+    for consequence in finding.consequences:
+        at = f" at {display_path(consequence.location.file)}:{consequence.location.line}" \
+            if consequence.location else ""
+        parts.append(f'<div class="consequence">↳ consequence ({escape(consequence.check)}): '
+                     f'{escape(consequence.message)}<span class="muted">{escape(at)}</span></div>')
+    parts.append(f'<div class="fix"><b>fix:</b> {escape(finding.fix)}</div></div>')
     return "".join(parts)
 
 
-def _checks(checks: list[dict], findings: list[dict]) -> str:
+def _checks(checks: Sequence[CheckStatus], findings: Sequence[Finding]) -> str:
     rows = []
     for check in checks:
-        status = "consequence" if consequence_of(check, findings) else check["status"]
+        status = "consequence" if consequence_of(check, findings) else check.status
         glyph, cls = _STATUS.get(status, ("?", "skip"))
-        rows.append(f'<tr><td class="glyph {cls}">{glyph}</td><td><code>{escape(check["id"])}</code></td>'
-                    f'<td class="{cls if status != "pass" else ""}">{escape(check["summary"])}</td></tr>')
+        rows.append(f'<tr><td class="glyph {cls}">{glyph}</td><td><code>{escape(check.id)}</code></td>'
+                    f'<td class="{cls if status != "pass" else ""}">{escape(check.summary)}</td></tr>')
     return f'<table class="checks">{"".join(rows)}</table>'
 
 
-def _environment(environment: list[dict]) -> str:
+def _environment(environment: Sequence[Mapping[str, Any]]) -> str:
     if not environment:
         return ""
     columns = (("rank", "rank"), ("host", "host"), ("node", "node"), ("local", "local_rank"), ("python", "python"),
@@ -194,16 +199,15 @@ def _environment(environment: list[dict]) -> str:
     return f"<h2>Environment</h2><table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
-def _suppressed(data: dict) -> str:
+def _suppressed(report: Report) -> str:
     items = []
-    for entry in data.get("suppressed", []):
-        finding = entry["finding"]
-        where = f" at {display_path(finding['location']['file'])}:{finding['location']['line']}" \
-            if finding.get("location") else ""
-        items.append(f"<li><b>{escape(finding['severity'])} {escape(finding['check'])}</b>{escape(where)}: "
-                     f"{escape(finding['message'])} <span class=\"muted\">(reason: "
+    for entry in report.suppressed:
+        finding = Finding.from_json(entry["finding"])
+        where = f" at {display_path(finding.location.file)}:{finding.location.line}" if finding.location else ""
+        items.append(f"<li><b>{escape(finding.severity.value)} {escape(finding.check)}</b>{escape(where)}: "
+                     f"{escape(finding.message)} <span class=\"muted\">(reason: "
                      f"{escape(entry.get('reason') or 'none given')})</span></li>")
-    for stale in data.get("unused_suppressions", []):
+    for stale in report.unused_suppressions:
         items.append(f"<li>the suppression at {escape(display_path(stale['file']))}:{stale['line']} "
                      f"(ignore[{escape(', '.join(stale['checks']))}]) matched nothing</li>")
     if not items:
@@ -211,7 +215,7 @@ def _suppressed(data: dict) -> str:
     return f"<h2>Suppressed findings</h2><ul>{''.join(items)}</ul>"
 
 
-def _timeline_section(timeline: Optional[dict], *, post_mortem: bool = False) -> str:
+def _timeline_section(timeline: Optional[Mapping[str, Any]], *, post_mortem: bool = False) -> str:
     if not timeline or not timeline.get("ranks"):
         return ""
     dropped = sum(lane.get("dropped_steps", 0) + lane.get("dropped_collectives", 0)
@@ -233,34 +237,33 @@ def _timeline_section(timeline: Optional[dict], *, post_mortem: bool = False) ->
 
 
 def render_html(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
-    data = report.to_json()
-    sources = data.get("sources") or {}
+    sources = report.sources or {}
+    post_mortem = bool(report.post_mortem)
     bad = report.exit_code(fail_on) != 0
-    nodes = f"{data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}"
-    script = data["script"] or "reference job"
-    meta = (f"{escape(display_path(script) if data['script'] else script)} on {data['world_size']} ranks ({nodes}, "
-            f"{escape(data['backend'])}, {escape(data['device'])}) · outcome <b>{escape(data['outcome'])}</b> · "
-            f"{escape(duration_text(data['duration_s'], post_mortem=bool(data.get('post_mortem')), unit=' s'))} · "
-            f"ddpdoctor {escape(data['version'])}")
+    nodes = f"{report.nnodes} node{'s' if report.nnodes != 1 else ''}"
+    script = report.script or "reference job"
+    duration = duration_text(round(report.duration_s, 3), post_mortem=post_mortem, unit=" s")  # as the JSON has it
+    meta = (f"{escape(display_path(script) if report.script else script)} on {report.world_size} ranks ({nodes}, "
+            f"{escape(report.backend)}, {escape(report.device)}) · outcome <b>{escape(report.outcome)}</b> · "
+            f"{escape(duration)} · ddpdoctor {escape(report.version)}")
     simulation = device_simulation_line(report.device_simulation)
     body = [f'<div class="verdict {"bad" if bad else "good"}"><h1>{escape(verdict(report, fail_on))}</h1>'
             f'<div class="meta">{meta}</div>'
             + (f'<div class="meta">{escape(simulation)}</div>' if simulation else "") + "</div>"]
-    if data["findings"]:
+    if report.findings:
         body.append("<h2>Findings</h2>")
-        body += [_finding(f, sources, when=stop_words(bool(data.get("post_mortem")))) for f in data["findings"]]
-    body.append(_timeline_section(data.get("timeline"), post_mortem=bool(data.get("post_mortem"))))
-    body += ["<h2>Checks</h2>", _checks(data["checks"], data["findings"])]
-    if data.get("collective_benchmark") and data["collective_benchmark"].get("rows"):
-        body += ["<h2>Collective bandwidth (smoke test)</h2>", svg.bandwidth_svg(data["collective_benchmark"])]
-    body.append(_environment(data.get("environment") or []))
-    body.append(_suppressed(data))
-    log = data.get("launcher_log")
-    if log and log.get("lines"):
+        body += [_finding(f, sources, when=stop_words(post_mortem)) for f in report.findings]
+    body.append(_timeline_section(report.timeline, post_mortem=post_mortem))
+    body += ["<h2>Checks</h2>", _checks(report.checks, report.findings)]
+    if report.collective_benchmark and report.collective_benchmark.get("rows"):
+        body += ["<h2>Collective bandwidth (smoke test)</h2>", svg.bandwidth_svg(report.collective_benchmark)]
+    body.append(_environment(report.environment or []))
+    body.append(_suppressed(report))
+    if report.launcher_log:
         body.append("<h2>torchrun's own log</h2><pre class=\"code\">" +
-                    "\n".join(escape(line) for line in log["lines"][-50:]) + "</pre>")
+                    "\n".join(escape(line) for line in report.launcher_log[-50:]) + "</pre>")
     generated = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    body.append(f"<footer>ddpdoctor {escape(data['version'])} · generated {generated} · "
+    body.append(f"<footer>ddpdoctor {escape(report.version)} · generated {generated} · "
                 f"<code>ddpdoctor report REPORT.json --html PATH</code> renders a saved JSON report again</footer>")
     title = f"ddpdoctor: {script} · {verdict(report, fail_on)}"
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

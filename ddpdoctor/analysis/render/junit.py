@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from ddpdoctor.analysis.api import SEVERITY_ORDER, Finding
 from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.report import Report
-from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, EvidenceRecord
 
 __all__ = ["render_junit"]
 
@@ -34,7 +34,7 @@ def _failure_text(finding: Finding) -> str:
                       f"ranks: {_ranks(finding)}", f"fix: {finding.fix}"])
 
 
-def _evidence_lines(evidence: dict) -> list[str]:
+def _evidence_lines(evidence: EvidenceRecord) -> list[str]:
     """The evidence in words, as the terminal shows it (the JSON report keeps it as data)."""
     rows = evidence_rows(evidence)
     if not rows:
@@ -96,7 +96,7 @@ def render_junit(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
               "skipped": str(skipped),
               "time": f"{report.duration_s:.3f}"}
     suite.attrib.update(counts)
-    root = ET.Element("testsuites", name="ddpdoctor", **counts)
+    root = ET.Element("testsuites", {"name": "ddpdoctor", **counts})
     root.append(suite)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.render.evidence import evidence_rows
-from ddpdoctor.analysis.render.source import snippet, underline
+from ddpdoctor.analysis.render.source import Sources, snippet, underline
 from ddpdoctor.analysis.render.words import consequence_of, device_simulation_line, duration_text, verdict
 from ddpdoctor.analysis.report import Report
-from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, EvidenceRecord
 
 __all__ = ["render_markdown"]
 
@@ -26,7 +26,7 @@ def _where(location: Location) -> str:
     return f"`{location.file}:{location.line}`"
 
 
-def _code(location: Location, sources: dict) -> list[str]:
+def _code(location: Location, sources: Sources) -> list[str]:
     """The flagged source line (with its context) as a fenced block, when the report or the file has it."""
     found = snippet(location.file, location.line, sources=sources)
     if found is None:
@@ -37,7 +37,7 @@ def _code(location: Location, sources: dict) -> list[str]:
     return ["```python", *body, f"{' ' * gutter} | {' ' * start}{'^' * (end - start)}", "```", ""]
 
 
-def _evidence(evidence: dict) -> list[str]:
+def _evidence(evidence: EvidenceRecord) -> list[str]:
     """The evidence in words (as the terminal shows it), one nested item per line of a row."""
     rows = evidence_rows(evidence)
     if not rows:
@@ -51,7 +51,7 @@ def _evidence(evidence: dict) -> list[str]:
     return lines
 
 
-def _finding(finding: Finding, sources: dict) -> list[str]:
+def _finding(finding: Finding, sources: Sources) -> list[str]:
     lines = [f"### {_SEVERITY[finding.severity]} {finding.severity.upper()} `{finding.check}`", "", finding.message, ""]
     if finding.location:
         lines += _code(finding.location, sources)
@@ -80,11 +80,10 @@ def render_markdown(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
     if simulation:
         lines += [simulation[0].upper() + simulation[1:], ""]
     lines += ["| | Check | Summary |", "|---|---|---|"]
-    findings = [f.to_json() for f in report.findings]
     for check in report.checks:
         summary = check.summary + (f" (incomplete: probe {', '.join(check.incomplete)} failed)"
                                    if check.incomplete else "")
-        status = _CONSEQUENCE if consequence_of(check.to_json(), findings) else _STATUS.get(check.status, check.status)
+        status = _CONSEQUENCE if consequence_of(check, report.findings) else _STATUS.get(check.status, check.status)
         lines.append(f"| {status} | `{_cell(check.id)}` | {_cell(summary)} |")
     lines.append("")
     if report.findings:

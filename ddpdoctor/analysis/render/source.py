@@ -13,13 +13,16 @@ import linecache
 import os
 import tokenize
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
-__all__ = ["CONTEXT_LINES", "MAX_LOCATIONS", "Snippet", "collect_sources", "snippet", "display_path", "underline"]
+__all__ = ["CONTEXT_LINES", "MAX_LOCATIONS", "Snippet", "Sources", "collect_sources", "snippet", "display_path",
+           "underline"]
 
 CONTEXT_LINES = 1  # lines shown above the flagged one
 MAX_LOCATIONS = 2000  # distinct (file, line) pairs kept in a report: bounded for 1024 ranks
 MAX_LINE_CHARS = 300
+
+Sources = Mapping[str, Mapping[str, str]]  # file -> {line number: text}: the report's ``sources``
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def _read_line(file: str, number: int) -> Optional[str]:
     return text.rstrip("\n")[:MAX_LINE_CHARS] if text else None
 
 
-def snippet(file: str, line: int, *, sources: Optional[dict] = None, function: Optional[str] = None,
+def snippet(file: str, line: int, *, sources: Optional[Sources] = None, function: Optional[str] = None,
             context: int = CONTEXT_LINES) -> Optional[Snippet]:
     """The flagged line and up to ``context`` non-blank lines above it, from the report's saved
     ``sources`` first (what ran), else from the file on this machine; None when neither has it."""
@@ -104,7 +107,8 @@ def _locations(value: Any, depth: int = 0) -> Iterator[tuple[str, int]]:
                 yield from _locations(item, depth + 1)
 
 
-def collect_sources(findings: list[dict], *, context: int = CONTEXT_LINES) -> dict[str, dict[str, str]]:
+def collect_sources(findings: Sequence[Mapping[str, Any]], *,
+                    context: int = CONTEXT_LINES) -> dict[str, dict[str, str]]:
     """file -> {line number: text} for every location the findings name (with their context),
     read on the machine that builds the report; files that cannot be read are left out."""
     out: dict[str, dict[str, str]] = {}

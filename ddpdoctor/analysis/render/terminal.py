@@ -6,7 +6,7 @@ Plain lines, same content, when colour is off.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
@@ -14,12 +14,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, ranks_text
-from ddpdoctor.analysis.render.source import Snippet, display_path, snippet, underline
+from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, evidence_views, ranks_text
+from ddpdoctor.analysis.render.source import Snippet, Sources, display_path, snippet, underline
 from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
                                              verdict)
-from ddpdoctor.analysis.report import Report
-from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
+from ddpdoctor.analysis.report import CheckStatus, Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, Consequence, EvidenceRecord, Finding, Location
 
 _GLYPHS = {"pass": ("✓", "green"), "warn": ("!", "yellow"), "fail": ("✗", "red"), "skip": ("-", "dim"),
            "consequence": ("↳", "magenta")}
@@ -29,8 +29,8 @@ _SEVERITY_GLYPH = {"error": "✗", "warning": "!", "info": "i"}
 SIDE_BY_SIDE_GROUPS = 3  # more groups of ranks than this are listed one under the other
 
 
-def _location_text(location: dict, function: Optional[str] = None) -> str:
-    where = f"{display_path(location['file'])}:{location['line']}"
+def _location_text(location: Location, function: Optional[str] = None) -> str:
+    where = f"{display_path(location.file)}:{location.line}"
     return where + (f" in {function}" if function else "")
 
 
@@ -39,7 +39,7 @@ def code_block(found: Snippet, *, plain: bool, indent: str = "") -> Text:
     gutter = len(str(found.line))
     out = Text()
     out.append(f"{indent}{' ' * gutter}--> ", style="" if plain else "blue")
-    out.append(_location_text({"file": found.file, "line": found.line}, found.function) + "\n")
+    out.append(_location_text(Location(file=found.file, line=found.line), found.function) + "\n")
     out.append(f"{indent}{' ' * gutter} |\n", style="" if plain else "blue")
     for number, text in found.lines:
         flagged = number == found.line
@@ -51,17 +51,25 @@ def code_block(found: Snippet, *, plain: bool, indent: str = "") -> Text:
     return out
 
 
-def _code_or_where(location: Optional[dict], sources: dict, *, plain: bool, function: Optional[str] = None,
+def _code_or_where(location: Optional[Location], sources: Sources, *, plain: bool, function: Optional[str] = None,
                    indent: str = "") -> Optional[Text]:
-    if not location or not location.get("file"):
+    if not location or not location.file:
         return None
-    found = snippet(location["file"], int(location["line"]), sources=sources, function=function)
+    found = snippet(location.file, location.line, sources=sources, function=function)
     if found is None:  # the file is not on this machine and the report did not keep the line
         return Text(f"{indent}--> {_location_text(location, function)}")
     return code_block(found, plain=plain, indent=indent)
 
 
-def _evidence_table(evidence: dict) -> Optional[Table]:
+def _site_code(site: Any, sources: Sources, *, plain: bool) -> Optional[Text]:
+    """The code at a call site of the evidence ({file, line, function}), or None."""
+    location = Location.from_site(site)
+    if location is None:
+        return None
+    return _code_or_where(location, sources, plain=plain, function=site.get("function"))
+
+
+def _evidence_table(evidence: EvidenceRecord) -> Optional[Table]:
     rows = evidence_rows(evidence)
     if not rows:
         return None
@@ -73,7 +81,7 @@ def _evidence_table(evidence: dict) -> Optional[Table]:
     return table
 
 
-def _rank_cell(ranks: list[int], state: dict, sources: dict, *, plain: bool) -> Text:
+def _rank_cell(ranks: list[int], state: Mapping[str, Any], sources: Sources, *, plain: bool) -> Text:
     """One group of ranks in a hang: what they wait in and for how long, their code line, their last
     collective."""
     what = state.get("state", "")
@@ -89,8 +97,7 @@ def _rank_cell(ranks: list[int], state: dict, sources: dict, *, plain: bool) -> 
     facts.append(f"last collective #{last['n']} {last.get('op', '')}".strip() if last.get("n")
                  else "no collective yet")
     cell.append(" · ".join(facts) + "\n", style="dim")
-    where = state.get("where") or {}
-    code = _code_or_where(where, sources, plain=plain, function=where.get("function")) if where else None
+    code = _site_code(state.get("where"), sources, plain=plain)
     if code is not None:
         cell.append_text(code)
     return cell
@@ -109,14 +116,14 @@ def _side_by_side(cells: list[Text], width: int) -> RenderableType:
     return Group(*[Padding(c, (0, 0, 1 if i < len(cells) - 1 else 0, 0)) for i, c in enumerate(cells)])
 
 
-def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int,
+def _ranks_view(states: Optional[Mapping[str, Any]], sources: Sources, *, plain: bool, width: int,
                 when: str = "when the job was stopped") -> Optional[RenderableType]:
     """Every rank's place when the job stopped, ranks in the same place and state grouped, side by side."""
     if not isinstance(states, dict) or not states or not all(isinstance(s, dict) and "state" in s
                                                              for s in states.values()):
         return None
-    groups: dict[tuple, list[int]] = {}
-    first: dict[tuple, dict] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    first: dict[tuple[Any, ...], Mapping[str, Any]] = {}
     for rank, state in sorted(states.items(), key=lambda kv: int(kv[0])):
         where = state.get("where") or {}
         last = state.get("last_collective") or {}
@@ -127,7 +134,8 @@ def _ranks_view(states: dict, sources: dict, *, plain: bool, width: int,
     return Group(Text(f"where each rank was {when}:", style="bold"), _side_by_side(cells, width))
 
 
-def _calls_view(calls: dict, sources: dict, *, plain: bool, width: int) -> Optional[RenderableType]:
+def _calls_view(calls: Optional[Mapping[str, Any]], sources: Sources, *, plain: bool,
+                width: int) -> Optional[RenderableType]:
     """A collective the ranks called differently: each rank's call and its line, side by side."""
     if not isinstance(calls, dict) or not calls or not all(isinstance(c, dict) for c in calls.values()):
         return None
@@ -136,15 +144,14 @@ def _calls_view(calls: dict, sources: dict, *, plain: bool, width: int) -> Optio
         cell = Text(f"rank {rank}: ", style="bold")
         cell.append(call_text(call) + "\n")
         site = call.get("site")
-        site = site[0] if isinstance(site, list) and site else site
-        code = _code_or_where(site, sources, plain=plain, function=(site or {}).get("function")) if site else None
+        code = _site_code(site[0] if isinstance(site, list) and site else site, sources, plain=plain)
         if code is not None:
             cell.append_text(code)
         cells.append(cell)
     return Group(Text("each rank's call:", style="bold"), _side_by_side(cells, width))
 
 
-def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table]:
+def _timeline_table(timeline: Optional[Mapping[str, Any]], divergence: Optional[int]) -> Optional[Table]:
     """The last collectives of every rank side by side; the first divergent one marked."""
     if not isinstance(timeline, dict) or not all(isinstance(c, dict) for c in timeline.values()):
         return None
@@ -165,7 +172,7 @@ def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table
     table.add_column("ranks")
     for n in numbers:
         table.add_column(f"#{n}" + (" ← first divergence" if n == divergence else ""))
-    rows: dict[tuple, list[int]] = {}  # ranks with the same calls share a row: a thousand ranks fit a screen
+    rows: dict[tuple[str, ...], list[int]] = {}  # ranks with the same calls share a row: a thousand ranks fit a screen
     for rank, calls in ranks:
         rows.setdefault(tuple(calls.get(str(n), "never called") for n in numbers), []).append(int(rank))
     for cells, members in rows.items():
@@ -173,47 +180,47 @@ def _timeline_table(timeline: dict, divergence: Optional[int]) -> Optional[Table
     return table
 
 
-def _consequence(consequence: dict, *, plain: bool) -> Text:
+def _consequence(consequence: Consequence, *, plain: bool) -> Text:
     glyph, style = _GLYPHS["consequence"]
     line = Text(f"{glyph} " if not plain else "-> ", style="" if plain else f"bold {style}")
-    line.append(f"consequence ({consequence['check']}): ", style="" if plain else style)
-    line.append(consequence["message"])
-    if consequence.get("location"):
-        line.append(f" at {_location_text(consequence['location'])}", style="dim")
+    line.append(f"consequence ({consequence.check}): ", style="" if plain else style)
+    line.append(consequence.message)
+    if consequence.location:
+        line.append(f" at {_location_text(consequence.location)}", style="dim")
     return line
 
 
-def finding_body(finding: dict, *, sources: dict, plain: bool, width: int,
+def finding_body(finding: Finding, *, sources: Sources, plain: bool, width: int,
                  when: str = "when the job was stopped") -> list[RenderableType]:
     """The parts of one finding, top to bottom: sentence, code, ranks, evidence, consequences, fix."""
-    body: list[RenderableType] = [Text(finding["message"])]
-    evidence = finding.get("evidence") or {}
-    code = _code_or_where(finding.get("location"), sources, plain=plain)
+    body: list[RenderableType] = [Text(finding.message)]
+    code = _code_or_where(finding.location, sources, plain=plain)
     if code is not None:
         body.append(code)
-    if finding.get("ranks"):
-        body.append(Text(f"on {ranks_text(finding['ranks'])}", style="dim"))
-    for view in (_ranks_view(evidence.get("ranks"), sources, plain=plain, width=width, when=when),
-                 _calls_view(evidence.get("calls"), sources, plain=plain, width=width),
-                 _timeline_table(evidence.get("timeline") or {}, evidence.get("first_divergence"))):
+    if finding.ranks:
+        body.append(Text(f"on {ranks_text(finding.ranks)}", style="dim"))
+    views = evidence_views(finding.evidence)
+    for view in (_ranks_view(views.states, sources, plain=plain, width=width, when=when),
+                 _calls_view(views.calls, sources, plain=plain, width=width),
+                 _timeline_table(views.timeline, views.divergence)):
         if view is not None:
             body.append(view)
-    table = _evidence_table(evidence)
+    table = _evidence_table(finding.evidence)
     if table is not None:
         body.append(table)
-    body.extend(_consequence(c, plain=plain) for c in finding.get("consequences", []))
+    body.extend(_consequence(c, plain=plain) for c in finding.consequences)
     fix = Text("fix: ", style="" if plain else "bold green")
-    fix.append(finding["fix"], style="" if plain else "green")
+    fix.append(finding.fix, style="" if plain else "green")
     body.append(fix)
     return body
 
 
-def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Optional[dict] = None,
+def _render_finding(console: Console, finding: Finding, *, plain: bool, sources: Optional[Sources] = None,
                     when: str = "when the job was stopped") -> None:
     width = max(60, console.width - 8)
     body = finding_body(finding, sources=sources or {}, plain=plain, width=width, when=when)
-    severity = finding["severity"]
-    title = f"{severity.upper()} {finding['check']}"
+    severity = finding.severity.value
+    title = f"{severity.upper()} {finding.check}"
     if plain:  # CI logs: sentences never cut (the log wraps them), tables and columns fit the width
         console.print(Text(title))
         for part in body:
@@ -222,8 +229,8 @@ def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Op
                     console.print(Text("    ") + line, soft_wrap=True)
             else:  # tables and columns laid out to the width, without rich's trailing padding
                 options = console.options.update(width=max(40, console.width - 4))
-                for line in console.render_lines(part, options, pad=False):
-                    text = "".join(segment.text for segment in line).rstrip()
+                for segments in console.render_lines(part, options, pad=False):
+                    text = "".join(segment.text for segment in segments).rstrip()
                     console.print(Text("    " + text if text else ""), soft_wrap=True)
         return
     spaced: list[RenderableType] = []
@@ -238,29 +245,29 @@ def _render_finding(console: Console, finding: dict, *, plain: bool, sources: Op
 render_finding = _render_finding  # public: `ddpdoctor env` shows its findings the same way
 
 
-def _status_and_summary(check: dict) -> tuple[str, str]:
-    status = "consequence" if check.get("consequence_of") else check["status"]
-    summary = check["summary"] + (f" [incomplete: probe {', '.join(check['incomplete'])} failed]"
-                                  if check.get("incomplete") else "")
+def _status_and_summary(check: CheckStatus, findings: Sequence[Finding]) -> tuple[str, str]:
+    status = "consequence" if consequence_of(check, findings) else check.status
+    summary = check.summary + (f" [incomplete: probe {', '.join(check.incomplete)} failed]"
+                               if check.incomplete else "")
     return status, summary
 
 
-def _check_line(check: dict, *, plain: bool, width: int) -> Text:
-    status, summary = _status_and_summary(check)
+def _check_line(check: CheckStatus, findings: Sequence[Finding], *, plain: bool, width: int) -> Text:
+    status, summary = _status_and_summary(check, findings)
     if plain:
-        return Text(f"[{_PLAIN[status]}] {check['id']}: {summary}")
-    glyph, id_text, summary_text = _check_cells(check)
-    return Text(" ") + glyph + Text(" ") + Text(f"{check['id']:<{width}}", style="bold") + summary_text
+        return Text(f"[{_PLAIN[status]}] {check.id}: {summary}")
+    glyph, id_text, summary_text = _check_cells(check, findings)
+    return Text(" ") + glyph + Text(" ") + Text(f"{check.id:<{width}}", style="bold") + summary_text
 
 
-def _check_cells(check: dict) -> tuple[Text, Text, Text]:
-    status, summary = _status_and_summary(check)
+def _check_cells(check: CheckStatus, findings: Sequence[Finding]) -> tuple[Text, Text, Text]:
+    status, summary = _status_and_summary(check, findings)
     glyph, style = _GLYPHS[status]
-    return (Text(glyph, style=f"bold {style}"), Text(check["id"], style="bold"),
+    return (Text(glyph, style=f"bold {style}"), Text(check.id, style="bold"),
             Text(summary, style="dim" if status in ("pass", "skip") else style if status == "consequence" else ""))
 
 
-def launch_line(launch: dict) -> Optional[str]:
+def launch_line(launch: Mapping[str, Any]) -> Optional[str]:
     """How the ranks were launched, when someone else launched them: the launcher, the Slurm job."""
     scheduler = launch.get("scheduler") or {}
     detected = launch.get("detected")
@@ -280,9 +287,9 @@ def launch_line(launch: dict) -> Optional[str]:
     return "launch: " + "; ".join(parts)
 
 
-def _nodes_table(ranks: list[dict]) -> Table:
+def _nodes_table(ranks: Sequence[Mapping[str, Any]]) -> Table:
     """One row per node: its host and its ranks (local ranks in brackets)."""
-    nodes: dict = {}
+    nodes: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     for rank in ranks:
         nodes.setdefault((rank.get("node"), rank.get("host")), []).append(rank)
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
@@ -294,7 +301,8 @@ def _nodes_table(ranks: list[dict]) -> Table:
     return table
 
 
-def _render_interruption(console: Console, interruption: dict, sources: dict, *, plain: bool) -> None:
+def _render_interruption(console: Console, interruption: Mapping[str, Any], sources: Sources, *,
+                         plain: bool) -> None:
     """Which signal stopped the run, what the checks did not judge, where each rank was."""
     who = f" (sent to rank {interruption['rank']})" if interruption.get("rank") is not None else ""
     if interruption.get("during") == "start-up":
@@ -310,69 +318,67 @@ def _render_interruption(console: Console, interruption: dict, sources: dict, *,
 
 
 def render(console: Console, report: Report, *, plain: bool, fail_on: str = DEFAULT_FAIL_ON) -> None:
-    data = report.to_json()
-    post_mortem = bool(data.get("post_mortem"))
+    post_mortem = bool(report.post_mortem)
     console.print()
-    nodes = f"{data['nnodes']} node{'s' if data['nnodes'] != 1 else ''}"
-    script = display_path(data["script"]) if data["script"] else "reference job"
-    console.print(Text(f"ddpdoctor {data['version']}: {script} on "
-                       f"{data['world_size']} ranks ({nodes}, {data['backend']}, {data['device']}), outcome "
-                       f"{data['outcome']}, {duration_text(data['duration_s'], post_mortem=post_mortem)}", style="bold"))
-    if data.get("framework"):
-        framework = data["framework"]
+    nodes = f"{report.nnodes} node{'s' if report.nnodes != 1 else ''}"
+    script = display_path(report.script) if report.script else "reference job"
+    duration = duration_text(round(report.duration_s, 3), post_mortem=post_mortem)  # as the JSON report has it
+    console.print(Text(f"ddpdoctor {report.version}: {script} on "
+                       f"{report.world_size} ranks ({nodes}, {report.backend}, {report.device}), outcome "
+                       f"{report.outcome}, {duration}", style="bold"))
+    if report.framework:
+        framework = report.framework
         console.print(Text(f"framework: {framework['title']} {framework.get('version') or ''}".rstrip()
                            + " (DDP set up by it; fixes use its words)"))
     simulation = device_simulation_line(report.device_simulation)
     if simulation:
         console.print(Text(simulation))
-    launched = launch_line(data.get("launch") or {})
+    launched = launch_line(report.launch or {})
     if launched:
         console.print(Text(launched))
-    if data["nnodes"] > 1 or len({r.get("host") for r in data.get("ranks", [])}) > 1:
-        console.print(Padding(_nodes_table(data.get("ranks", [])), (0, 0, 0, 1), expand=False))
-    checks = [{**c, "consequence_of": consequence_of(c, data["findings"])} for c in data["checks"]]
+    if report.nnodes > 1 or len({r.get("host") for r in report.ranks}) > 1:
+        console.print(Padding(_nodes_table(report.ranks), (0, 0, 0, 1), expand=False))
     if plain:
-        for check in checks:
-            console.print(_check_line(check, plain=True, width=0))
-    elif data["checks"]:  # a grid: a long summary wraps under itself, never under the glyphs
+        for check in report.checks:
+            console.print(_check_line(check, report.findings, plain=True, width=0))
+    elif report.checks:  # a grid: a long summary wraps under itself, never under the glyphs
         grid = Table(box=None, padding=(0, 1), show_header=False, show_edge=False)
         grid.add_column(no_wrap=True)
         grid.add_column(no_wrap=True)
         grid.add_column(overflow="fold")
-        for check in checks:
-            glyph, id_text, summary = _check_cells(check)
+        for check in report.checks:
+            glyph, id_text, summary = _check_cells(check, report.findings)
             grid.add_row(glyph, id_text, summary)
         console.print(grid)
-    if data.get("collective_benchmark"):  # the reference job's smoke test
+    if report.collective_benchmark:  # the reference job's smoke test
         from ddpdoctor.analysis.render.benchmark import render_benchmark
 
-        render_benchmark(console, data["collective_benchmark"], plain=plain)
-    if data.get("cut"):
-        cut = data["cut"]
+        render_benchmark(console, report.collective_benchmark, plain=plain)
+    if report.cut:
+        cut = report.cut
         unit = "optimizer steps" if cut["reason"] == "max-steps" else "training epochs"
         console.print(Text(f"run cut on purpose after {cut['at']} {unit} (--{cut['reason']}): the checks judged "
                            "what ran until then"))
-    sources = data.get("sources") or {}
-    if data.get("interruption"):
-        _render_interruption(console, data["interruption"], sources, plain=plain)
-    for finding in data["findings"]:
+    sources = report.sources or {}
+    if report.interruption:
+        _render_interruption(console, report.interruption, sources, plain=plain)
+    for finding in report.findings:
         _render_finding(console, finding, plain=plain, sources=sources, when=stop_words(post_mortem))
-    for entry in data.get("suppressed", []):
-        finding = entry["finding"]
-        where = f" at {_location_text(finding['location'])}" if finding.get("location") else ""
-        console.print(Text(f"suppressed {finding['severity']} {finding['check']}{where}: {finding['message']} "
+    for entry in report.suppressed:
+        hidden = Finding.from_json(entry["finding"])
+        where = f" at {_location_text(hidden.location)}" if hidden.location else ""
+        console.print(Text(f"suppressed {hidden.severity} {hidden.check}{where}: {hidden.message} "
                            f"(reason: {entry['reason'] or 'none given'})", style="dim"))
-    for stale in data.get("unused_suppressions", []):
+    for stale in report.unused_suppressions:
         console.print(Text(f"ddpdoctor: the suppression at {stale['file']}:{stale['line']} "
                            f"(ignore[{', '.join(stale['checks'])}]) matched nothing", style="yellow"))
-    for problem in data.get("probe_errors", []):
+    for problem in report.probe_errors:
         console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}) on ranks "
                            f"{problem['ranks'] or '-'}; checks left incomplete: {', '.join(problem['checks'])}",
                            style="yellow"))
-    log = data.get("launcher_log")
-    if log and log.get("lines"):
-        count = len(log["lines"])
-        where = f" in {log['path']}" if log.get("path") else " in the JSON report (launcher_log)"
+    if report.launcher_log:
+        count = len(report.launcher_log)
+        where = f" in {report.launcher_log_path}" if report.launcher_log_path else " in the JSON report (launcher_log)"
         console.print(Text(f"torchrun's own log ({count} line{'s' if count != 1 else ''}) is{where}", style="dim"))
     console.print(Text(verdict(report, fail_on), style="bold"))
 

@@ -5,10 +5,10 @@ take them from here, and none imports another."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
-from ddpdoctor.analysis.report import Report
-from ddpdoctor.schema.findings import DEFAULT_FAIL_ON
+from ddpdoctor.analysis.report import CheckStatus, Report
+from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, Finding
 from ddpdoctor.schema.observations import Outcome
 from ddpdoctor.schema.settings import GPU_VISIBLE
 
@@ -44,18 +44,17 @@ def verdict(report: Report, fail_on: str = DEFAULT_FAIL_ON) -> str:
     return f"verdict: OK: every check passed or had nothing to check{suffix}"
 
 
-def consequence_of(check: dict, findings: list[dict]) -> Optional[str]:
+def consequence_of(check: CheckStatus, findings: Sequence[Finding]) -> Optional[str]:
     """The root check whose finding explains this check's finding, if any: the report's own field,
     else (a report saved by an older version) a passing check listed among a root's consequences."""
-    if check.get("consequence_of"):
-        return check["consequence_of"]
-    if check.get("status") != "pass":
+    if check.consequence_of:
+        return check.consequence_of
+    if check.status != "pass":
         return None
-    return next((f["check"] for f in findings for c in f.get("consequences", []) if c.get("check") == check["id"]),
-                None)
+    return next((f.check for f in findings for c in f.consequences if c.check == check.id), None)
 
 
-def device_simulation_line(simulation: Optional[dict]) -> Optional[str]:
+def device_simulation_line(simulation: Optional[Mapping[str, Any]]) -> Optional[str]:
     """The report header's line on device simulation: what was simulated, or why ``auto`` left it off
     (an explicit CPU choice); None when there is nothing to say."""
     if not simulation:
