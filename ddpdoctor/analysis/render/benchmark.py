@@ -6,6 +6,8 @@ same table reads in a coloured terminal, a CI log and a copied-and-pasted issue.
 
 from __future__ import annotations
 
+from typing import Any, Literal, Mapping
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -34,15 +36,17 @@ def _time(us: float) -> str:
     return f"{us / 1000:.2f} ms" if us >= 10_000 else f"{us:.1f} us"
 
 
-def benchmark_table(benchmark: dict, *, plain: bool = False, bar_width: int = 24) -> Table:
+def benchmark_table(benchmark: Mapping[str, Any], *, plain: bool = False, bar_width: int = 24) -> Table:
     """op, size, time, algbw, busbw, a busbw bar and the slowest rank (host): one row per measurement."""
     rows = benchmark.get("rows", [])
     peak = max((r["busbw_gbps"] for r in rows), default=0.0)
     title = (f"collective benchmark: {benchmark.get('backend')} on {benchmark.get('device')}, "
              f"{benchmark.get('world_size')} ranks (GB/s = 1e9 B/s; busbw as nccl-tests)")
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold", title=title, title_justify="left")
-    for column, justify in (("op", "left"), ("size", "right"), ("time", "right"), ("algbw GB/s", "right"),
-                            ("busbw GB/s", "right"), ("busbw", "left"), ("slowest", "left")):
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
+        ("op", "left"), ("size", "right"), ("time", "right"), ("algbw GB/s", "right"), ("busbw GB/s", "right"),
+        ("busbw", "left"), ("slowest", "left"))
+    for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True)
     previous_op = None
     for row in rows:
@@ -56,7 +60,7 @@ def benchmark_table(benchmark: dict, *, plain: bool = False, bar_width: int = 24
     return table
 
 
-def render_benchmark(console: Console, benchmark: dict, *, plain: bool) -> None:
+def render_benchmark(console: Console, benchmark: Mapping[str, Any], *, plain: bool) -> None:
     console.print(benchmark_table(benchmark, plain=plain))
     for skipped in benchmark.get("skipped", []):
         console.print(Text(f"{skipped['op']} skipped: {skipped['reason']}", style="dim"))

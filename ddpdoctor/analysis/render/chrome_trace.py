@@ -12,7 +12,7 @@ DataLoader workers get no track: the probes see batches where the main process r
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from ddpdoctor.analysis.report import Report
 
@@ -25,18 +25,19 @@ def _us(seconds: Optional[float]) -> float:
     return round(float(seconds or 0.0) * 1e6, 1)
 
 
-def _span(name: str, cat: str, pid: int, start: float, end: float, tid: int = MAIN, args: Optional[dict] = None) -> dict:
-    event = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
+def _span(name: str, cat: str, pid: int, start: float, end: float, tid: int = MAIN,
+          args: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    event: dict[str, Any] = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid, "ts": _us(start),
              "dur": max(_us(end) - _us(start), 0.0)}
     if args:
         event["args"] = args
     return event
 
 
-def _step_events(rank: int, steps: list, start: float, end: Optional[float] = None) -> list[dict]:
+def _step_events(rank: int, steps: list[Any], start: float, end: Optional[float] = None) -> list[dict[str, Any]]:
     """A span per step (from the previous step's end), its phases inside it, in order and never
     overlapping one another, so every viewer nests them under their step."""
-    events = []
+    events: list[dict[str, Any]] = []
     previous_end = start
     previous_n: Optional[int] = None
     for step in steps:
@@ -52,7 +53,7 @@ def _step_events(rank: int, steps: list, start: float, end: Optional[float] = No
         events.append(_span(label, "step", rank, previous_end, t, args={"step": n}))
         cursor = previous_end  # phases follow one another inside [previous_end, t]
 
-        def phase(name: str, cat: str, begin: float, end: float, args: Optional[dict] = None) -> None:
+        def phase(name: str, cat: str, begin: float, end: float, args: Optional[dict[str, Any]] = None) -> None:
             nonlocal cursor
             begin, end = max(begin, cursor), min(end, t)
             if end > begin:
@@ -80,12 +81,12 @@ def _step_events(rank: int, steps: list, start: float, end: Optional[float] = No
     return events
 
 
-def render_trace(report: Report) -> dict:
+def render_trace(report: Report) -> dict[str, Any]:
     """The trace-event document (``{"traceEvents": [...]}``) of a report; empty events without a timeline."""
     timeline = report.timeline or {}
     hosts = {r.get("rank"): r.get("host") for r in report.ranks}
     divergence = timeline.get("first_divergence")
-    events: list[dict] = []
+    events: list[dict[str, Any]] = []
     for key, lane in sorted((timeline.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
         rank = int(key)
         host = hosts.get(rank)

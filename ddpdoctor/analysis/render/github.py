@@ -1,8 +1,6 @@
 """GitHub Actions workflow commands: one annotation per top-level finding, on its source line, and
 the stop-commands guard that keeps the user's script from printing annotations of its own."""
 
-from __future__ import annotations
-
 import secrets
 
 from ddpdoctor.analysis.api import Finding

@@ -7,7 +7,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 from urllib.parse import quote
 
 from ddpdoctor.analysis.api import Check, Finding, Location
@@ -34,15 +34,15 @@ def relative_path(file: str, repo_root: str) -> Optional[str]:
     return Path(relative).as_posix()
 
 
-def _artifact(file: str, repo_root: str) -> dict:
+def _artifact(file: str, repo_root: str) -> dict[str, Any]:
     relative = relative_path(file, repo_root)
     if relative is None:
         return {"uri": Path(os.path.abspath(file)).as_uri()}
     return {"uri": quote(relative), "uriBaseId": "SRCROOT"}
 
 
-def _physical(location: Location, repo_root: str) -> dict:
-    physical: dict = {"artifactLocation": _artifact(location.file, repo_root)}
+def _physical(location: Location, repo_root: str) -> dict[str, Any]:
+    physical: dict[str, Any] = {"artifactLocation": _artifact(location.file, repo_root)}
     if location.line >= 1:
         physical["region"] = {"startLine": location.line}
     return physical
@@ -54,8 +54,8 @@ def _section(docs: str, heading: str) -> str:
     return match.group(1).strip() if match else ""
 
 
-def _rule(check_id: str, title: str, check: Optional[Check]) -> dict:
-    rule: dict = {"id": check_id, "name": "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", check_id)),
+def _rule(check_id: str, title: str, check: Optional[Check]) -> dict[str, Any]:
+    rule: dict[str, Any] = {"id": check_id, "name": "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", check_id)),
                   "shortDescription": {"text": check.title if check else title},
                   # ddpdoctor's checks find correctness bugs; each result still carries its own level.
                   "defaultConfiguration": {"level": "error"}}
@@ -75,32 +75,32 @@ def _fingerprint(finding: Finding, repo_root: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _result(finding: Finding, rule_index: dict[str, int], repo_root: str) -> dict:
-    result: dict = {"ruleId": finding.check, "ruleIndex": rule_index[finding.check],
+def _result(finding: Finding, rule_index: dict[str, int], repo_root: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"ruleId": finding.check, "ruleIndex": rule_index[finding.check],
                     "level": _LEVELS[finding.severity], "message": {"text": finding.message}}
     if finding.location:
         result["locations"] = [{"physicalLocation": _physical(finding.location, repo_root)}]
-    related = [c for c in finding.consequences if c.location]
+    related = [(c, c.location) for c in finding.consequences if c.location]
     if related:
         result["relatedLocations"] = [
-            {"id": i, "physicalLocation": _physical(c.location, repo_root),
+            {"id": i, "physicalLocation": _physical(location, repo_root),
              "message": {"text": f"consequence ({c.check}): {c.message}"}}
-            for i, c in enumerate(related, start=1)]
+            for i, (c, location) in enumerate(related, start=1)]
     result["partialFingerprints"] = {FINGERPRINT_KEY: _fingerprint(finding, repo_root)}
     result["properties"] = {"fix": finding.fix, "ranks": sorted(finding.ranks)}
     return result
 
 
-def _invocation(report: Report) -> dict:
+def _invocation(report: Report) -> dict[str, Any]:
     """Whether the run finished and was checked; a job the probes could not check says why."""
-    invocation: dict = {"executionSuccessful": report.outcome == Outcome.COMPLETED and not report.unchecked}
+    invocation: dict[str, Any] = {"executionSuccessful": report.outcome == Outcome.COMPLETED and not report.unchecked}
     if report.unchecked:
         invocation["toolExecutionNotifications"] = [{
             "level": "error", "message": {"text": f"ddpdoctor could not check this job: {report.unchecked['reason']}"}}]
     return invocation
 
 
-def render_sarif(report: Report, *, repo_root: str) -> dict:
+def render_sarif(report: Report, *, repo_root: str) -> dict[str, Any]:
     """One run; file URIs relative to ``repo_root`` (uriBaseId SRCROOT) so code scanning can place
     results on the checked-out source, absolute file:// URIs for files outside it."""
     loaded = {c.id: c.check for c in load_checks() if c.check is not None}

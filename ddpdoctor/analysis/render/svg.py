@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from html import escape
-from typing import Optional
+from typing import Any, Callable, Mapping, Optional
 
 from ddpdoctor.analysis.render.words import format_bytes
 
@@ -78,7 +78,7 @@ class TimeAxis:
     stretch where every rank made no progress (a hang) another band when it would take over half of
     the axis, and the rest of training is to scale. Without training, [0, end] is to scale."""
 
-    def __init__(self, timeline: dict, *, left: float, right: float) -> None:
+    def __init__(self, timeline: Mapping[str, Any], *, left: float, right: float) -> None:
         startup = timeline.get("startup") or {}
         self.start = max(0.0, float(startup.get("end") or 0.0))
         self.end = max(float(timeline.get("end") or 0.0), self.start + 1e-3)
@@ -126,7 +126,7 @@ def _multiples(low: float, high: float, step: float) -> list[float]:
     return [round(first + i * step, 10) for i in range(int((high - first) / step + 1e-9) + 1)]
 
 
-def common_stall(timeline: dict, start: float, end: float) -> Optional[tuple[float, float]]:
+def common_stall(timeline: Mapping[str, Any], start: float, end: float) -> Optional[tuple[float, float]]:
     """The stretch where no rank did anything, in a run whose every rank was seen stalled: from the
     last step, collective or save of any rank to the end of the earliest rank's last stall, when it
     would take over half of the training axis drawn to scale; None otherwise."""
@@ -167,7 +167,7 @@ def _band_under(piece: Piece, title: str, *, top: float, lanes_h: float) -> list
     return out
 
 
-def _startup_phases(timeline: dict, start: float) -> list[tuple[str, float]]:
+def _startup_phases(timeline: Mapping[str, Any], start: float) -> list[tuple[str, float]]:
     """(what, seconds) from one milestone to the next (the first rank to get there), then the rest of
     the set-up until training: they add up to the start-up."""
     phases, previous = [], 0.0
@@ -179,7 +179,7 @@ def _startup_phases(timeline: dict, start: float) -> list[tuple[str, float]]:
     return phases
 
 
-def _bands(timeline: dict, axis: TimeAxis, *, top: float, lanes_h: float) -> tuple[list[str], list[str]]:
+def _bands(timeline: Mapping[str, Any], axis: TimeAxis, *, top: float, lanes_h: float) -> tuple[list[str], list[str]]:
     """The compressed bands: (what goes under the lanes, their words that go over them)."""
     under: list[str] = []
     over: list[str] = []
@@ -209,7 +209,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds >= 1 else f"{seconds * 1000:.0f} ms"
 
 
-def timeline_svg(timeline: dict) -> str:
+def timeline_svg(timeline: Mapping[str, Any]) -> str:
     """Every rank's lane over wall time (seconds since the first event); the axis starts at training."""
     ranks = sorted(timeline.get("ranks", {}).items(), key=lambda kv: int(kv[0]))
     lane_h = 30 if len(ranks) <= MAX_LANES_DRAWN_HIGH else max(4, 600 // max(len(ranks), 1))
@@ -304,7 +304,8 @@ def timeline_svg(timeline: dict) -> str:
 
 
 def _line_chart(series: list[tuple[str, list[tuple[float, float]], str]], *, x_label: str, y_label: str,
-                log_x: bool = False, x_format=None, y_format=None, title: str) -> str:
+                log_x: bool = False, x_format: Optional[Callable[[float], str]] = None,
+                y_format: Optional[Callable[[float], str]] = None, title: str) -> str:
     points = [p for _, values, _ in series for p in values]
     if not points:
         return ""
@@ -362,7 +363,7 @@ def _line_chart(series: list[tuple[str, list[tuple[float, float]], str]], *, x_l
     return _svg(WIDTH, height, out, label=title, css_class="chart")
 
 
-def _step_seconds(steps: list) -> list[tuple[float, float]]:
+def _step_seconds(steps: list[Any]) -> list[tuple[float, float]]:
     """(step number, seconds per step) between consecutive kept steps (a thinned run averages)."""
     out = []
     for previous, current in zip(steps, steps[1:]):
@@ -377,7 +378,7 @@ def _seconds_axis(value: float) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
 
 
-def step_time_svg(timeline: dict, *, max_lines: int = 16) -> str:
+def step_time_svg(timeline: Mapping[str, Any], *, max_lines: int = 16) -> str:
     """Seconds per optimizer step over the run, per rank; empty when no rank made two steps."""
     per_rank = {int(r): _step_seconds(lane.get("steps", [])) for r, lane in timeline.get("ranks", {}).items()}
     per_rank = {r: v for r, v in per_rank.items() if v}
@@ -387,7 +388,7 @@ def step_time_svg(timeline: dict, *, max_lines: int = 16) -> str:
         series = [(f"rank {r}", v, PALETTE[i % len(PALETTE)]) for i, (r, v) in enumerate(sorted(per_rank.items()))]
     else:
         totals = {r: sum(s for _, s in v) / len(v) for r, v in per_rank.items()}
-        slowest = max(totals, key=totals.get)
+        slowest = max(totals, key=lambda r: totals[r])
         by_step: dict[float, list[float]] = {}
         for values in per_rank.values():
             for n, s in values:
@@ -398,7 +399,7 @@ def step_time_svg(timeline: dict, *, max_lines: int = 16) -> str:
                        x_format=lambda v: f"{v:g}", title="step time per rank")
 
 
-def bandwidth_svg(benchmark: dict) -> str:
+def bandwidth_svg(benchmark: Mapping[str, Any]) -> str:
     """Bus bandwidth (GB/s) against message size, one line per collective."""
     by_op: dict[str, list[tuple[float, float]]] = {}
     for row in benchmark.get("rows", []):
