@@ -583,8 +583,9 @@ def test_everything_is_restored(tmp_path):
     rec.close()
     assert (torch.cuda.is_available, torch.cuda.set_device, torch.load, torch.distributed.init_process_group,
             torch.nn.SyncBatchNorm.forward, torch.amp.GradScaler.__init__) == originals
-    with pytest.raises(Exception):
-        torch.zeros(1, device="cuda")  # no mode left behind
+    # no mode left behind: torch without CUDA asserts, torch with CUDA finds no driver
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1, device="cuda")
 
 
 def test_native_and_auto_with_a_gpu_do_not_simulate(tmp_path, monkeypatch):

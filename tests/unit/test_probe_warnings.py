@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed  # noqa: E402,F401  (defines the deprecated reduce_op object)
+import torch.distributed  # noqa: E402,F401,F811  (defines the deprecated reduce_op object)
 
 from ddpdoctor.rank.probes.optimizer import _names_from_live_modules  # noqa: E402
 
