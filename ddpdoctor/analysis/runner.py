@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from ddpdoctor.analysis import causality, interruption, suppression
 from ddpdoctor.analysis.api import SEVERITY_ORDER, CheckResult, Finding, status_of
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.registry import LoadedCheck, load_checks
 from ddpdoctor.schema.events import ProbeError
-from ddpdoctor.schema.findings import Status
+from ddpdoctor.schema.findings import RawEvidence, Severity, Status
 from ddpdoctor.schema.probes import ALL_CHECKS, checks_affected, not_checked_by
 
 
@@ -34,12 +34,12 @@ class CheckOutcome:
 class Analysis:
     outcomes: list[CheckOutcome]
     findings: list[Finding]  # root causes and independent problems, consequences attached
-    probe_errors: list[dict]
+    probe_errors: list[dict[str, Any]]
     suppressed: list[tuple[Finding, suppression.Suppression]] = field(default_factory=list)
     unused_suppressions: list[suppression.Suppression] = field(default_factory=list)
     left_out: Optional[interruption.LeftOut] = None  # an interrupted run: what the stop cut off, not judged
     # {"reason", "ranks"}: the probes could not install, so nothing was checked (exit code 2, no finding)
-    unchecked: Optional[dict] = None
+    unchecked: Optional[dict[str, Any]] = None
 
 
 def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
@@ -75,7 +75,7 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
                     unused_suppressions=unused, left_out=left_out)
 
 
-def _unchecked(probe_errors: list[dict]) -> Optional[dict]:
+def _unchecked(probe_errors: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """Why nothing could be checked (an essential probe did not install on some rank), or None."""
     failed = [p for p in probe_errors if not_checked_by(p["probe"], p["phase"])]
     if not failed:
@@ -89,7 +89,7 @@ def _unchecked(probe_errors: list[dict]) -> Optional[dict]:
     return {"reason": reason, "ranks": ranks}
 
 
-def _not_checked(checks: list[LoadedCheck], probe_errors: list[dict], unchecked: dict) -> Analysis:
+def _not_checked(checks: list[LoadedCheck], probe_errors: list[dict[str, Any]], unchecked: dict[str, Any]) -> Analysis:
     """Every check skipped, no finding: a script the probes did not see is not judged."""
     outcomes = []
     for loaded in checks:
@@ -101,7 +101,8 @@ def _not_checked(checks: list[LoadedCheck], probe_errors: list[dict], unchecked:
     return Analysis(outcomes=outcomes, findings=[], probe_errors=probe_errors, unchecked=unchecked)
 
 
-def select_checks(checks: list[LoadedCheck], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[LoadedCheck]:
+def select_checks(checks: list[LoadedCheck], select: Iterable[str] = (),
+                  ignore: Iterable[str] = ()) -> list[LoadedCheck]:
     """The checks --select/--ignore keep; an unknown id is a ValueError naming the known ones."""
     known = [c.id for c in checks]
     for check_id in [*select, *ignore]:
@@ -124,18 +125,18 @@ def _run_one(loaded: LoadedCheck, evidence: Evidence) -> CheckOutcome:
 def _crashed(check_id: str, title: str, error: str) -> CheckOutcome:
     finding = Finding(
         check=check_id,
-        severity="warning",
+        severity=Severity.WARNING,
         message=f"the {check_id} check itself crashed, so it proved nothing",
         fix="Report this to the ddpdoctor maintainers with the evidence below.",
-        evidence={"error": error},
+        evidence=RawEvidence({"error": error}),
     )
     result = CheckResult(findings=[finding], summary="check crashed", applicable=False)
     return CheckOutcome(id=check_id, title=title, result=result, error=error.strip().splitlines()[-1])
 
 
-def _probe_errors(evidence: Evidence, declared: Mapping[str, tuple[str, ...]]) -> list[dict]:
+def _probe_errors(evidence: Evidence, declared: Mapping[str, tuple[str, ...]]) -> list[dict[str, Any]]:
     """Probe failures, one entry per probe and error, with the ranks that saw it."""
-    merged: dict[tuple[str, str, str], dict] = {}
+    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
     events = [*evidence.events(ProbeError), *((None, e) for e in evidence.unranked if isinstance(e, ProbeError))]
     for rank, event in events:
         key = (event.probe, event.target or "", event.error)

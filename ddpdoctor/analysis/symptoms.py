@@ -22,7 +22,7 @@ __all__ = ["Divergence", "HangKind", "FailureKind", "UnevenCause", "Symptom", "R
 
 class _Words(str, Enum):
     def __str__(self) -> str:
-        return self.value
+        return str(self.value)
 
     def __hash__(self) -> int:
         return hash(self.value)
