@@ -60,7 +60,8 @@ def test_every_format_from_one_run_of_a_known_bad_fixture(tmp_path):
         ddpdoctor_command(FIXTURES / "bad_grad_bypass_batchnorm.py", out["r.json"], "--junit", str(out["junit.xml"]),
                           "--sarif", str(out["out.sarif"]), "--markdown", str(out["report.md"]), "--github"),
         cwd=tmp_path, capture_output=True, text=True, timeout=240,
-        env={**os.environ, "NO_COLOR": "1", "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_WORKSPACE": str(FIXTURES.parent)})
+        env={**os.environ, "NO_COLOR": "1", "GITHUB_STEP_SUMMARY": str(summary),
+             "GITHUB_WORKSPACE": str(FIXTURES.parent)})
     assert proc.returncode == 1, proc.stdout[-3000:]
 
     suite = ET.parse(out["junit.xml"]).getroot()
@@ -90,7 +91,8 @@ def test_every_format_from_one_run_of_a_known_bad_fixture(tmp_path):
 def test_the_scripts_own_output_cannot_inject_annotations(tmp_path):
     script = tmp_path / "inject.py"
     script.write_text((FIXTURES / "good_batchnorm.py").read_text().replace(
-        "def main() -> None:\n", "def main() -> None:\n    print('::error file=x.py,line=1::injected', flush=True)\n", 1))
+        "def main() -> None:\n",
+        "def main() -> None:\n    print('::error file=x.py,line=1::injected', flush=True)\n", 1))
     shutil.copy(FIXTURES / "_synthetic.py", tmp_path / "_synthetic.py")
     proc = subprocess.run(ddpdoctor_command(script, tmp_path / "r.json", "--github"), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240, env={**os.environ, "NO_COLOR": "1"})

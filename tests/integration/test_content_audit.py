@@ -78,7 +78,8 @@ def test_hand_written_batches_are_compared_by_content(run_check):
     (("--reshuffle", "--forget-set-epoch"), "set_epoch is never called"),
     (("--fixed-permutation",), "same permutation every epoch"),
 ])
-def test_a_stream_meant_to_be_reshuffled_in_the_same_order_every_epoch_is_a_set_epoch_warning(run_check, flags, message):
+def test_a_stream_meant_to_be_reshuffled_in_the_same_order_every_epoch_is_a_set_epoch_warning(
+        run_check, flags, message):
     run = run_check("stream_epoch_order.py", script_args=list(flags))
     assert run.returncode == 1, run.output[-3000:]
     assert run.found() == {("set-epoch", "warning")}, run.output[-3000:]

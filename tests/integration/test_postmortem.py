@@ -25,10 +25,12 @@ pytestmark = pytest.mark.integration
 # fixture -> (ranks, `check` options, the bug's line (text on it), expected root (check, severity))
 CASES = {
     "hang_rank_stuck_in_own_code.py": (2, ("--hang-timeout", "2"), None, ("collective-hang", "warning")),
-    "hang_collective_some_ranks.py": (2, ("--hang-timeout", "5"), "dist.all_reduce(total)", ("collective-hang", "error")),
+    "hang_collective_some_ranks.py": (2, ("--hang-timeout", "5"), "dist.all_reduce(total)",
+                                      ("collective-hang", "error")),
     "hang_reduce_shape_mismatch.py": (2, ("--hang-timeout", "5"), "dist.reduce(stats", ("collective-hang", "error")),
     "kill_rank.py": (2, (), None, ("rank-failure", "error")),
-    "hang_subgroup_mismatch.py": (4, ("-n", "4", "--hang-timeout", "5"), "dist.reduce(stats", ("collective-hang", "error")),
+    "hang_subgroup_mismatch.py": (4, ("-n", "4", "--hang-timeout", "5"), "dist.reduce(stats",
+                                  ("collective-hang", "error")),
 }
 # Where the two reports differ, by design: `check` stops a rank stuck in its own code itself (10x
 # --hang-timeout), before any collective timed out, so nothing proves it would never have arrived (a

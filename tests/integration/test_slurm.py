@@ -89,7 +89,8 @@ def _wait_for_line(path: Path, text: str, timeout_s: float = 120) -> None:
         if path.exists() and text in path.read_text(errors="replace"):
             return
         time.sleep(0.2)
-    raise AssertionError(f"{text!r} never appeared in {path}: {path.read_text(errors='replace')[-2000:] if path.exists() else ''}")
+    raise AssertionError(f"{text!r} never appeared in {path}: "
+                         f"{path.read_text(errors='replace')[-2000:] if path.exists() else ''}")
 
 
 def _sbatch(slurm: SlurmCluster, tmp_path: Path, body: str, *options: str) -> tuple[str, Path]:
@@ -158,7 +159,8 @@ def test_srun_torchrun_inside_a_step_is_a_torchrun_launch(slurm, tmp_path):
     assert output.count("verdict:") == 1
 
 
-def _interrupted_job(slurm, tmp_path, *, script_args: str, sbatch_options: tuple[str, ...] = ()) -> tuple[str, Path, dict]:
+def _interrupted_job(slurm, tmp_path, *, script_args: str,
+                     sbatch_options: tuple[str, ...] = ()) -> tuple[str, Path, dict]:
     report_path = tmp_path / "report.json"
     job_id, output = _sbatch(
         slurm, tmp_path,
@@ -178,7 +180,8 @@ def test_scancel_interrupts_the_run(slurm, tmp_path):
     assert report["outcome"] == "interrupted", text[-3000:]
     assert report["findings"] == []
     assert report["interruption"]["signal"] == "SIGTERM" and report["interruption"]["exit_code"] == 143
-    assert re.search(r"tasks? 0-1: Exited with exit code 143", text) or text.count("Exited with exit code 143") == 2, text
+    assert (re.search(r"tasks? 0-1: Exited with exit code 143", text)
+            or text.count("Exited with exit code 143") == 2), text
     _assert_quiet(text)
     assert _job_processes(job_id) == []
 

@@ -72,8 +72,10 @@ def test_weights_loaded_inside_the_loop_are_caught_by_the_backstop(run_check):
 def test_bf16_round_trip_after_wrapping_names_both_conversions(run_check):
     fixture = "bad_grad_bf16_round_trip.py"
     (finding,) = run_check(fixture).findings("gradient-sync", "error")
-    to_line, float_line = _line_of(fixture, "model.to(torch.bfloat16)  # BUG"), _line_of(fixture, "        model.float()")
-    assert f"`.to(torch.bfloat16)` at {fixture}:{to_line} and `.float()` at {fixture}:{float_line}" in finding["message"]
+    to_line, float_line = (_line_of(fixture, "model.to(torch.bfloat16)  # BUG"),
+                           _line_of(fixture, "        model.float()"))
+    assert (f"`.to(torch.bfloat16)` at {fixture}:{to_line} and `.float()` at {fixture}:{float_line}"
+            in finding["message"])
     assert "hooks and buckets still point at the old tensors" in finding["message"]
     assert _at(finding, fixture, "model.to(torch.bfloat16)  # BUG")
 

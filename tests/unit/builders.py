@@ -182,7 +182,8 @@ def mode_change(training: bool, *, line: int = 44, ddp: Optional[int] = 0, name:
     return ev.ModeChange(step=step_, ddp=ddp, name=name, type_name=type_name, training=training, site=site(line))
 
 
-def param_groups_write(n: int, keys: list, *, line: int = 50, via: str = "scheduler", opt: int = 0) -> ev.ParamGroupsWrite:
+def param_groups_write(n: int, keys: list, *, line: int = 50, via: str = "scheduler",
+                       opt: int = 0) -> ev.ParamGroupsWrite:
     return ev.ParamGroupsWrite(step=n - 1, opt=opt, n=n, keys=keys, via=via, sites=[{**site(line)[0], "via": via}])
 
 
@@ -346,8 +347,8 @@ def save(path: Optional[str], *, seq_start: int = 0, seq_end: Optional[int] = No
                    module_prefix=module_prefix, site=site(line))
 
 
-def load(path: Optional[str], *, seq_start: int = 0, map_location: Optional[str] = "cpu", existed: Optional[bool] = True,
-         error: Optional[str] = None, line: int = 90) -> ev.Load:
+def load(path: Optional[str], *, seq_start: int = 0, map_location: Optional[str] = "cpu",
+         existed: Optional[bool] = True, error: Optional[str] = None, line: int = 90) -> ev.Load:
     return ev.Load(seq=seq_start, path=path, existed=existed, seq_start=seq_start, map_location=map_location,
                    site=site(line), error=error)
 

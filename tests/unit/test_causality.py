@@ -60,7 +60,8 @@ def test_unused_parameters_explain_ddps_crash_and_the_gradient_difference():
 
 def test_a_bypassed_forward_explains_drifting_buffers_but_a_knowing_choice_is_independent():
     bypass = finding("gradient-sync", case="ddp-bypassed")
-    assert checks(link([bypass, finding("buffer-sync", broadcast_buffers=True)])) == [("gradient-sync", ["buffer-sync"])]
+    assert (checks(link([bypass, finding("buffer-sync", broadcast_buffers=True)]))
+            == [("gradient-sync", ["buffer-sync"])])
     knowing = finding("buffer-sync", "warning", broadcast_buffers=False)
     assert checks(link([bypass, knowing])) == [("gradient-sync", []), ("buffer-sync", [])]
 

@@ -602,7 +602,8 @@ def test_native_and_auto_with_a_gpu_do_not_simulate(tmp_path, monkeypatch):
     ({"ACCELERATE_USE_CPU": "False"}, "no GPU visible"),  # what `accelerate launch` sets without --cpu
     ({"ACCELERATE_USE_CPU": "True"}, "ACCELERATE_USE_CPU=True (accelerate launch --cpu) chose the CPU"),
     ({"ACCELERATE_USE_CPU": "1"}, "ACCELERATE_USE_CPU=1 (accelerate launch --cpu) chose the CPU"),
-    ({"PL_TRAINER_ACCELERATOR": "cpu"}, 'PL_TRAINER_ACCELERATOR=cpu (Lightning Trainer(accelerator="cpu")) chose the CPU'),
+    ({"PL_TRAINER_ACCELERATOR": "cpu"},
+     'PL_TRAINER_ACCELERATOR=cpu (Lightning Trainer(accelerator="cpu")) chose the CPU'),
     ({"PL_TRAINER_ACCELERATOR": "gpu"}, "no GPU visible"),
     ({"LT_ACCELERATOR": "CPU"}, "LT_ACCELERATOR=CPU (lightning run --accelerator cpu) chose the CPU"),
     ({"DS_ACCELERATOR": "cpu"}, "DS_ACCELERATOR=cpu (DeepSpeed's CPU accelerator) chose the CPU"),

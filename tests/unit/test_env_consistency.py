@@ -12,7 +12,8 @@ from ddpdoctor.rank.probes.environment import driver_from_proc, relevant_variabl
 from ddpdoctor.schema import events as ev
 
 
-def environment(host: str = "node0", torch_version: str = "2.13.0", nccl: str = "2.21.5", **fields) -> ev.RankEnvironment:
+def environment(host: str = "node0", torch_version: str = "2.13.0", nccl: str = "2.21.5",
+                **fields) -> ev.RankEnvironment:
     values = dict(host=host, python_version="3.11.7", torch_version=torch_version, cuda_version="12.4",
                   cudnn_version=90100, nccl_version=nccl, driver_version="550.54.15",
                   variables={"MASTER_ADDR": "node0", "NCCL_DEBUG": "WARN"})
@@ -49,7 +50,8 @@ def test_torch_version_difference_is_an_error():
 
 def test_nccl_version_difference_is_an_error_and_cudnn_a_warning():
     result, _ = run({0: [init_pg(), environment()], 1: [init_pg(), environment(nccl="2.18.1", cudnn_version=8902)]})
-    assert {(f.severity, f.evidence["kind"]) for f in result.findings} == {("error", "versions"), ("warning", "versions")}
+    assert ({(f.severity, f.evidence["kind"]) for f in result.findings}
+            == {("error", "versions"), ("warning", "versions")})
     assert result.status == "fail"
 
 

@@ -33,7 +33,8 @@ def reference(t: torch.Tensor) -> int:
 
 def test_word_sums_of_every_dtype_match_the_bytes():
     tensors = [torch.randn(7, 5), torch.randn(6, dtype=torch.float64), torch.arange(11, dtype=torch.int64),
-               torch.randn(9).to(torch.bfloat16), torch.randn(5, dtype=torch.float16), torch.tensor([True, False, True])]
+               torch.randn(9).to(torch.bfloat16), torch.randn(5, dtype=torch.float16),
+               torch.tensor([True, False, True])]
     assert fp.fingerprint(tensors) == [[reference(t)] for t in tensors]
 
 

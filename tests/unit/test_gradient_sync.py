@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from builders import (SCRIPT, comm_hook, ddp_bypass, ddp_rewrap, ddp_wrap, forwards, fp, init_pg, make_evidence,
                       merge, module_conversion, on_all, optimizer, process_start, step, usage)
 

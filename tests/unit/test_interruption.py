@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import (SCRIPT, collective, ddp_wrap, distributed_sampler, distributed_shard, exception, init_pg, loader_pass,
-                      make_evidence, optimizer, step, stop_snapshot)
+from builders import (SCRIPT, collective, ddp_wrap, distributed_sampler, distributed_shard, exception, init_pg,
+                      loader_pass, make_evidence, optimizer, step, stop_snapshot)
 
 from ddpdoctor.analysis.interruption import leave_out_cut_off, summary
 from ddpdoctor.analysis.report_builder import build_report
@@ -72,7 +72,8 @@ def test_keyboard_interrupts_and_peer_errors_of_the_stop_are_not_failures():
 
 def test_passes_a_rank_had_not_reached_are_left_out_on_every_rank():
     sampler = distributed_sampler(2, 0, 8)
-    events = {0: [loader_pass([0, 2, 4, 6], sampler=sampler, number=0), loader_pass([0, 2, 4, 6], sampler=sampler, number=1)],
+    events = {0: [loader_pass([0, 2, 4, 6], sampler=sampler, number=0),
+                  loader_pass([0, 2, 4, 6], sampler=sampler, number=1)],
               1: [loader_pass([1, 3, 5, 7], sampler=sampler, number=0)]}
     evidence = make_evidence(2, events, outcome="interrupted")
     left = leave_out_cut_off(evidence)

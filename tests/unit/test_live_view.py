@@ -179,4 +179,5 @@ def test_the_stall_counter_against_the_hang_threshold_and_the_last_collective():
 
 
 def test_durations_read_like_a_timer():
-    assert [duration(s) for s in (0.04, 9.96, 12.4, 65, 3725)] == ["0.0 s", "10.0 s", "12 s", "1 min 05 s", "1 h 02 min"]
+    assert ([duration(s) for s in (0.04, 9.96, 12.4, 65, 3725)]
+            == ["0.0 s", "10.0 s", "12 s", "1 min 05 s", "1 h 02 min"])

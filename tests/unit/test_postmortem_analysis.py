@@ -317,9 +317,11 @@ def test_a_rank_without_dump_leaves_the_checks_incomplete_never_a_silent_pass():
 
 def _record_error_file(folder: Path, local_rank: int, exc_type: str, message: str, frames: list[tuple]) -> None:
     """An error file as torch.distributed.elastic's ``@record`` writes it, where torchrun's --log-dir puts it."""
-    stack = "".join(f'  File "{file}", line {line}, in {function}\n    {code}\n' for file, line, function, code in frames)
+    stack = "".join(f'  File "{file}", line {line}, in {function}\n    {code}\n'
+                    for file, line, function, code in frames)
     data = {"message": {"message": f"{exc_type}: {message}",
-                        "extraInfo": {"py_callstack": f"Traceback (most recent call last):\n{stack}{exc_type}: {message}\n",
+                        "extraInfo": {"py_callstack": "Traceback (most recent call last):\n"
+                                                      f"{stack}{exc_type}: {message}\n",
                                       "timestamp": str(1764000000 + local_rank)}}}
     path = folder / "run_x" / "attempt_0" / str(local_rank) / "error.json"
     path.parent.mkdir(parents=True)
@@ -351,8 +353,8 @@ def test_error_files_hold_no_step_so_the_report_names_none(tmp_path):
     render(Console(file=out, width=160, no_color=True, soft_wrap=True), report, plain=True)
     for name, text in {"terminal": out.getvalue(), "html": render_html(report), "markdown": render_markdown(report),
                        "junit": render_junit(report)}.items():
-        assert not any(claim in text for claim in ("first optimizer step", "last optimizer step", "after optimizer step",
-                                                   "step 0")), name
+        assert not any(claim in text for claim in ("first optimizer step", "last optimizer step",
+                                                   "after optimizer step", "step 0")), name
         assert "no process group" not in text, name  # the ranks had one: the files just do not show it
         if name != "junit":  # the header: no run time the files do not hold, no backend or device they do not name
             assert "post-mortem, its files read in" in text and "(1 node, unknown, unknown)" in text, name

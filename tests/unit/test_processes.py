@@ -11,7 +11,8 @@ from ddpdoctor.supervisor import processes
 
 def test_the_tree_walk_finds_every_descendant_as_the_scan_does():
     proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                             "c = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']) for _ in range(2)]; "
+                             "c = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])"
+                             " for _ in range(2)]; "
                              "print('ready', flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

@@ -109,7 +109,8 @@ def test_a_read_during_a_save_its_rank_never_finished_is_an_error_even_after_a_c
     })
     (finding,) = analyze(evidence).findings
     assert finding.severity == "error" and finding.ranks == (0, 1)
-    assert finding.message == f"rank 1 read {CKPT} that rank 0 writes, while that write was still running (rank 0 never finished it)"
+    assert finding.message == (f"rank 1 read {CKPT} that rank 0 writes, while that write was still running "
+                               "(rank 0 never finished it)")
     assert finding.evidence["write_finished"] is False and finding.evidence["writer_collectives_after_write"] is None
     assert finding.evidence["read_error"] == error
 

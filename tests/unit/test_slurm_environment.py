@@ -79,7 +79,8 @@ def test_the_port_is_derived_from_the_job_id():
 
 @pytest.mark.parametrize("env", [
     _step(SLURM_STEP_NUM_TASKS="1", SLURM_NTASKS="1"),  # srun -n 1
-    {k: v for k, v in _step().items() if k not in ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")},  # the batch script, salloc
+    # the batch script, salloc
+    {k: v for k, v in _step().items() if k not in ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS")},
     {},
 ])
 def test_single_task_steps_batch_scripts_and_no_slurm_are_no_launch(env):
@@ -111,5 +112,6 @@ def test_a_rank_of_a_job_ddpdoctor_launched_is_no_launch_of_its_own():
 def test_the_job_is_described_for_the_report_in_any_mode():
     info = job(_step(SLURM_STEP_NUM_TASKS="1"))
     assert info is not None
-    assert (info["job_id"], info["step_id"], info["nodes"], info["num_tasks"]) == ("123456", "0", ["gpu-001", "gpu-002", "gpu-010"], 1)
+    assert ((info["job_id"], info["step_id"], info["nodes"], info["num_tasks"])
+            == ("123456", "0", ["gpu-001", "gpu-002", "gpu-010"], 1))
     assert job({}) is None
