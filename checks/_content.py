@@ -11,10 +11,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from ddpdoctor.analysis import content
+from ddpdoctor.analysis import content, facts
 from ddpdoctor.analysis.api import EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.content import Overlap, Stream
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts.derived import derived
 from ddpdoctor.analysis.index_sets import distinct_indices, overlap
 from ddpdoctor.analysis.symptoms import EpochNotSet, SamplesOverlap
 from ddpdoctor.schema.events import ContentPass, LoaderPass
@@ -204,6 +205,33 @@ class StreamOrderRepeated(EvidenceRecord, EpochNotSet):
                                                                  unit="pass-pairs", default_factory=dict)
 
 
+@derived
+def content_streams(evidence: Evidence) -> dict[content.StreamKey, dict[int, Stream]]:
+    """(source, key, feeds, number) -> rank -> that rank's sample fingerprints of the pass; loader
+    passes (and the loader pass a forward window's batches came from) numbered as paired across ranks."""
+    numbers = facts.loaders.pass_numbers(evidence)
+    out: dict[content.StreamKey, dict[int, Stream]] = {}
+    for (source, key, feeds, number), per_rank in content.merge_streams(evidence.events(ContentPass)).items():
+        for rank, stream in per_rank.items():
+            if source == "loader":
+                number_here, feeds_here = numbers.get((rank, key, number), number), feeds
+            else:
+                number_here, feeds_here = number, _paired_feed(numbers, rank, feeds)
+            out.setdefault((source, key, feeds_here, number_here), {})[rank] = stream
+    return out
+
+
+def _paired_feed(numbers: dict[tuple[int, str, int], int], rank: int, feeds: Optional[str]) -> Optional[str]:
+    """A forward window's "loader#raw number" with the loader pass's number as paired across ranks."""
+    if not feeds or "#" not in feeds:
+        return feeds
+    key, _, raw = feeds.rpartition("#")
+    try:
+        return f"{key}#{numbers.get((rank, key, int(raw)), int(raw))}"
+    except ValueError:
+        return feeds
+
+
 def _purpose(events: list, ddp_job: bool) -> str:
     """As sampler-disjoint judges index passes: "training", "local" (fed only a model not trained
     through DDP) or "evaluation"."""
@@ -229,13 +257,13 @@ def rank_local(events: Iterable[LoaderPass]) -> bool:
 
 def _indexed(evidence: Evidence, key: str, number: int) -> bool:
     """The index probe saw this pass's sample positions (a map-style dataset with an integer sampler)."""
-    passes = evidence.facts.loader_passes.get((key, number), {})
+    passes = facts.loaders.passes(evidence).get((key, number), {})
     return any(e.indices is not None for e in passes.values())
 
 
 def _rank_local_pass(evidence: Evidence, key: str, number: int) -> bool:
     """This pass's positions index datasets that differ by rank (so the index check left it alone)."""
-    return rank_local(evidence.facts.loader_passes.get((key, number), {}).values())
+    return rank_local(facts.loaders.passes(evidence).get((key, number), {}).values())
 
 
 def _index_view(evidence: Evidence, key: str, number: int) -> str:
@@ -243,7 +271,7 @@ def _index_view(evidence: Evidence, key: str, number: int) -> str:
     sampler of keys), "disjoint" (the ranks drew different positions), "rank-local" (the same
     positions, into datasets that differ by rank) or "overlapping" (the same positions of one
     dataset)."""
-    passes = {r: e for r, e in evidence.facts.loader_passes.get((key, number), {}).items() if e.indices is not None}
+    passes = {r: e for r, e in facts.loaders.passes(evidence).get((key, number), {}).items() if e.indices is not None}
     if not passes:
         return "none"
     if not overlap({r: distinct_indices(e.indices) for r, e in passes.items()}).shared.size:
@@ -259,7 +287,7 @@ def _forward_confirms(evidence: Evidence, key: str, number: int) -> Optional[boo
     """Whether the DDP forwards the pass fed overlap too (None: no forward fed by it on two ranks).
     A script may read the whole stream on every rank and then keep its own slice of each batch."""
     label = content.feed_label(key, number)
-    windows = [_comparable(v) for (source, _, feeds, _), v in evidence.facts.content_streams.items()
+    windows = [_comparable(v) for (source, _, feeds, _), v in content_streams(evidence).items()
                if source == "forward" and feeds == label]
     judged = [content.overlap(w) for w in windows if len(w) >= 2]
     judged = [o for o in judged if o.judged]
@@ -462,8 +490,8 @@ def _rows_repeat(evidence: Evidence, involved: list, ranks: set[int]) -> bool:
     the same sequence on every rank: within a pass it repeats nothing."""
     for label in {e.feeds for e in involved}:
         loader, _, number = label.rpartition("#")
-        streams = evidence.facts.content_streams.get(("loader", loader, None, int(number)), {})
-        passes = evidence.facts.loader_passes.get((loader, int(number)), {})
+        streams = content_streams(evidence).get(("loader", loader, None, int(number)), {})
+        passes = facts.loaders.passes(evidence).get((loader, int(number)), {})
         for rank in ranks:
             stream, drawn = streams.get(rank), passes.get(rank)
             if stream is None or drawn is None or drawn.indices is None or not stream.hashes:
@@ -508,12 +536,12 @@ def _one_per_job(found: dict[str, Finding]) -> dict[str, Finding]:
 def overlap_findings(check: str, evidence: Evidence) -> tuple[list[Finding], int]:
     """sampler-disjoint's findings (``check``: its id) from content, one per loader or DDP module: its
     first affected pass, with the count; and the number of passes compared."""
-    ddp_job = bool(evidence.facts.ddp_wraps)
+    ddp_job = bool(facts.ddp.wraps(evidence))
     same_step = _same_step_findings(check, evidence)
     first: dict[tuple, Finding] = {}
     affected: Counter = Counter()
     num_compared = 0
-    for (source, key, feeds, number), streams in sorted(evidence.facts.content_streams.items(),
+    for (source, key, feeds, number), streams in sorted(content_streams(evidence).items(),
                                                          key=lambda kv: (kv[0][3], str(kv[0]))):
         streams = _comparable(streams)
         if len(streams) < 2 or (source == "forward" and feeds is not None):
@@ -556,9 +584,9 @@ def repeated_order_findings(check: str, evidence: Evidence) -> list[Finding]:
     samples in the same order. A warning where the dataset shows it means to reshuffle (it defines
     set_epoch but its epoch never moved, or it says it shuffles); a fixed order may be intended
     otherwise (a stream in its natural order): info."""
-    ddp_job = bool(evidence.facts.ddp_wraps)
+    ddp_job = bool(facts.ddp.wraps(evidence))
     per_loader: dict[str, dict[int, list[Stream]]] = {}
-    for (source, key, _, _), streams in evidence.facts.content_streams.items():
+    for (source, key, _, _), streams in content_streams(evidence).items():
         if source != "loader":
             continue
         for rank, stream in streams.items():

@@ -7,6 +7,7 @@ helps them names `accelerator.save` and `DistributedDataParallelKwargs`, not DDP
 
 from __future__ import annotations
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.evidence import Evidence
 
 _FIXES: dict[str, dict[str, str]] = {
@@ -59,5 +60,5 @@ _FIXES: dict[str, dict[str, str]] = {
 
 def fix(evidence: Evidence, topic: str, default: str) -> str:
     """``default``, or the fix for ``topic`` in the words of the framework the job uses."""
-    found = evidence.facts.framework
+    found = facts.ddp.framework(evidence)
     return _FIXES.get(topic, {}).get(found[0], default) if found else default

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
@@ -52,7 +53,7 @@ class BufferDiverged(EvidenceRecord, BuffersDiffer):
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    wraps = {(r, index): e for index, per_rank in evidence.facts.ddp_wraps.items() for r, e in per_rank.items()}
+    wraps = {(r, index): e for index, per_rank in facts.ddp.wraps(evidence).items() for r, e in per_rank.items()}
     if evidence.world_size < 2 or not any(e.buffers for e in wraps.values()):
         return CheckResult(summary="no DDP module with buffers", applicable=False)
     by_forward: dict[tuple[int, int], dict[int, list]] = {}

@@ -5,16 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, RUN, POSTMORTEM,
                                     Severity, evidence_field)
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.facts import RankFailure
+from ddpdoctor.analysis.facts.derived import derived
+from ddpdoctor.analysis.facts.failures import RankFailure
 from ddpdoctor.analysis.symptoms import (CollectivesUnmatched, FailureKind, HangKind, IterationsUneven, RankFailed,
                                          UnevenCause)
+from ddpdoctor.schema.events import Collective
 from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
-from ddpdoctor.analysis.collective_trace import Mismatch, RankTrace, TraceEntry
+from ddpdoctor.analysis.collective_trace import (Mismatch, RankTrace, TraceEntry, first_mismatch,
+                                                 first_subgroup_mismatch, subgroup_traces)
 from ddpdoctor.schema.observations import StopSnapshot
 
 from ._common import fmt_ranks, short_site
@@ -189,13 +193,28 @@ def _verb(entry: TraceEntry) -> str:
     return "issued" if entry.internal else "called"
 
 
+@derived
+def collective_mismatch(evidence: Evidence) -> Optional[Mismatch]:
+    """First number at which ranks that reached it issued different collectives or shapes."""
+    return first_mismatch(facts.collectives.world_traces(evidence), include_missing=False)
+
+
+@derived
+def subgroup_mismatch(evidence: Evidence) -> Optional[Mismatch]:
+    """The first call at which a subgroup's members issued different collectives or shapes
+    (``group`` names its global ranks)."""
+    missing = set(evidence.observations.missing_ranks)
+    return first_subgroup_mismatch(subgroup_traces(
+        {rank: ev.of(Collective) for rank, ev in evidence.ranks.items() if rank not in missing}))
+
+
 def _several_hosts(evidence: Evidence) -> bool:
     """The ranks ran on more than one host: a rank is then named with its host."""
     return len({ev.host for ev in evidence.ranks.values() if ev.host}) > 1
 
 
 def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
-    traces = evidence.facts.world_traces
+    traces = facts.collectives.world_traces(evidence)
     states: dict[str, dict] = {}
     for rank, state in sorted(stop.ranks.items()):
         if state.state == "never started":
@@ -253,7 +272,7 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
     exited = sorted(int(r) for r, s in states.items() if s["state"] == "exited")
     others = sorted(int(r) for r, s in states.items() if s["state"] in ("busy", "computing"))
     # Members of a subgroup that disagree on its collective: the cause, whatever the world group shows.
-    mismatch = evidence.facts.subgroup_mismatch or evidence.facts.collective_divergence
+    mismatch = subgroup_mismatch(evidence) or facts.collectives.divergence(evidence)
     detail, location = _divergence_detail(mismatch)
     if location is None:
         for r in waiting + others:
@@ -312,7 +331,7 @@ def _hang_finding(evidence: Evidence, stop: StopSnapshot) -> Finding:
                       first_divergence=None if mismatch is None or mismatch.group else mismatch.n,
                       sequence=None if mismatch is None else mismatch.n, group=_group(mismatch),
                       culprit_phase=None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
-                      timeline=_timeline(evidence.facts.world_traces, center)),
+                      timeline=_timeline(facts.collectives.world_traces(evidence), center)),
     )
 
 
@@ -340,7 +359,7 @@ def _never_arrived_finding(evidence: Evidence, stop: StopSnapshot, states: dict[
                       first_divergence=None if mismatch is None or mismatch.group else mismatch.n,
                       sequence=None if mismatch is None else mismatch.n, group=_group(mismatch),
                       culprit_phase=None if mismatch is None else mismatch.present[mismatch.culprit()].phase,
-                      timeline=_timeline(evidence.facts.world_traces, _center(evidence, mismatch))),
+                      timeline=_timeline(facts.collectives.world_traces(evidence), _center(evidence, mismatch))),
     )
 
 
@@ -353,7 +372,7 @@ def _center(evidence: Evidence, mismatch: Optional[Mismatch]) -> int:
     """The world collective a hang's timeline is drawn around: the first divergence, else the last."""
     if mismatch is not None and mismatch.group is None:
         return mismatch.n
-    return max((t.numbered_to for t in evidence.facts.world_traces.values()), default=0)
+    return max((t.numbered_to for t in facts.collectives.world_traces(evidence).values()), default=0)
 
 
 def _last_seen(states: dict[str, dict], ranks: list[int]) -> Optional[Location]:
@@ -399,7 +418,7 @@ def _no_dump(evidence: Evidence, states: dict[str, dict], waiting: list[int]) ->
     missing = sorted(int(r) for r, s in states.items() if s["state"] == "no dump")
     if not missing:
         return ""
-    traces = evidence.facts.world_traces
+    traces = facts.collectives.world_traces(evidence)
     ends = {traces[r].numbered_to for r in waiting if r in traces}
     who = _some_ranks(missing)
     if len(ends) == 1 and waiting and len(waiting) == len(states) - len(missing):
@@ -418,11 +437,11 @@ def _timeline(traces: dict[int, RankTrace], center: int, before: int = 4) -> dic
 def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     """A rank died in a collective its peers never called: gloo aborts on the mismatched partner
     call, or raises "Connection closed by peer" once the peers' processes end."""
-    mismatch = evidence.facts.collective_divergence
+    mismatch = facts.collectives.divergence(evidence)
     if mismatch is None or not mismatch.absent:
         return None
     present = mismatch.present
-    failures = evidence.facts.failures
+    failures = facts.failures.rank_failures(evidence)
     failed_in_it = [f for f in failures if f.rank in present and f.seq >= mismatch.n]
     aborted = [f for f in failures if f.rank in mismatch.absent and _aborted_by_mismatch(f)]
     if not failed_in_it and not aborted:
@@ -435,7 +454,7 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
            "decision so all ranks take it.")
     message = (f"{fmt_ranks(present)} {_verb(present[culprit])} {_describe(present[culprit])} (collective "
                f"#{mismatch.n}) that {fmt_ranks(mismatch.absent)} never {_verb(present[culprit])}; then {how[:400]}")
-    rank_only = _rank_only(mismatch, evidence.facts.world_traces)
+    rank_only = _rank_only(mismatch, facts.collectives.world_traces(evidence))
     failed_elsewhere = [f for f in failures if rank_only and f.rank in rank_only.others and f not in aborted]
     if rank_only is not None and not failed_elsewhere:  # the others' only failure is gloo's abort on the mismatch
         met = (f"so its collective #{mismatch.n} met a different collective on {fmt_ranks([f.rank for f in aborted])}"
@@ -566,13 +585,13 @@ def analyze(evidence: Evidence) -> CheckResult:
         finding = _hang_finding(evidence, stop)
         verb = "job hung" if stop.reason == "hang" else "no progress"
         return CheckResult(findings=[finding], summary=f"{verb} ({_some_ranks(list(finding.ranks))})")
-    if evidence.world_size >= 2 and evidence.post_mortem and not evidence.facts.has_process_group:
+    if evidence.world_size >= 2 and evidence.post_mortem and not facts.ddp.has_process_group(evidence):
         return CheckResult(summary="no flight recorder dump: the collectives are unknown", applicable=False)
-    if evidence.world_size < 2 or not evidence.facts.has_process_group:
+    if evidence.world_size < 2 or not facts.ddp.has_process_group(evidence):
         return CheckResult(summary="no process group", applicable=False)
-    traces = evidence.facts.world_traces
+    traces = facts.collectives.world_traces(evidence)
     total = sum(len(t.entries) for t in traces.values())
-    mismatch = evidence.facts.collective_mismatch or evidence.facts.subgroup_mismatch
+    mismatch = collective_mismatch(evidence) or subgroup_mismatch(evidence)
     if mismatch is not None:
         return CheckResult(findings=[_mismatch_finding(mismatch, traces)], summary=f"collective #{mismatch.n} mismatched")
     orphan = _orphaned_collective(evidence)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.facts import ConfigDivergence
 from ddpdoctor.analysis.symptoms import Divergence, ParametersUnused, RankFailed, ReplicasDiverged
 from ddpdoctor.schema.events import ConfigState, ModeChange, OptimizerInfo, ParamGroupsWrite, Step
 from ddpdoctor.schema.sampling import describe
@@ -123,7 +123,15 @@ EXPLAINS = (
 
 
 def _state(evidence: Evidence, rank: int, step: Step) -> Optional[ConfigState]:
-    return evidence.facts.config_state(rank, step)
+    """The detail behind a step's configuration digest on ``rank``."""
+    ev = evidence.ranks.get(rank)
+    if not ev or step.config is None:
+        return None
+    found = None
+    for state in ev.of(ConfigState):
+        if state.opt == step.opt and state.n <= step.n and state.digest == step.config:
+            found = state
+    return found
 
 
 def _join(names: list[str]) -> str:
@@ -265,6 +273,49 @@ def _write_site(evidence: Evidence, groups: list[list[int]], opt: int, key: str,
     return None, None
 
 
+@dataclass(frozen=True)
+class ConfigDivergence:
+    """The first sampled optimizer step at which ranks' configuration digests differ."""
+
+    step: int
+    optimizer: int
+    groups: list[list[int]]  # ranks grouped by digest, largest group first
+    events: dict[int, Step]  # rank -> Step
+    last_identical_step: Optional[int] = None
+
+
+def _ddp_optimizers(evidence: Evidence) -> set[tuple[int, int]]:
+    """(rank, optimizer) pairs whose optimizer steps parameters of a DDP module."""
+    return {(rank, e.opt) for rank, e in evidence.events(OptimizerInfo) if any(e.in_ddp)}
+
+
+def config_divergence(evidence: Evidence) -> tuple[Optional[ConfigDivergence], int]:
+    """The first sampled step of an optimizer of a DDP module at which ranks' configuration
+    digests differ, and how many steps were compared (strings, as the fingerprints are)."""
+    trained = _ddp_optimizers(evidence)
+    untrained = {(rank, e.opt) for rank, e in evidence.events(OptimizerInfo)} - trained
+    steps, _, without_config = facts.steps.sampled(evidence)
+    num_compared = 0
+    last_identical: dict[int, int] = {}
+    for (n, opt), sampled in steps.items():
+        events = sampled
+        if without_config or untrained:  # the common case, every step of DDP optimizers digested, skips this
+            events = {r: e for r, e in sampled.items() if e.config is not None and (r, opt) in trained}
+        if len(events) < 2:
+            continue
+        num_compared += 1
+        reference = events[min(events)].config
+        if all(e.config == reference for e in events.values()):
+            last_identical[opt] = n
+            continue
+        by_digest: dict[str, list[int]] = {}
+        for rank in sorted(events):
+            by_digest.setdefault(events[rank].config, []).append(rank)
+        groups = sorted(by_digest.values(), key=lambda g: (-len(g), g[0]))
+        return ConfigDivergence(n, opt, groups, events, last_identical.get(opt)), num_compared
+    return None, num_compared
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
@@ -272,10 +323,10 @@ def analyze(evidence: Evidence) -> CheckResult:
     if restored is not None:  # the settings that differ too (a `fused` flag the checkpoint brought) follow from it
         return CheckResult(findings=[restored], summary=f"an optimizer's state was restored on "
                                                         f"{_ranks(restored.evidence.restored_on)} only")
-    div, num_compared = evidence.facts.config_divergence
+    div, num_compared = config_divergence(evidence)
     if num_compared == 0:
         return CheckResult(summary="no optimizer step of a DDP model was seen on two ranks", applicable=False)
-    every = evidence.facts.fingerprint_every
+    every = facts.steps.fingerprint_every(evidence)
     sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
     if div is None:
         return CheckResult(summary=f"same modes, requires_grad, optimizer settings, autocast and loss scale on every "
@@ -331,7 +382,7 @@ def _state_restored_on_some_ranks(evidence: Evidence) -> Optional[Finding]:
 def _finding(evidence: Evidence, div: ConfigDivergence) -> Finding:
     states = {r: _state(evidence, r, div.events[r]) for g in div.groups for r in g[:1]}
     diffs = _differences(div.groups, states, div.optimizer)
-    info = evidence.facts.optimizer_info(div.groups[0][0], div.optimizer, div.step)
+    info = facts.steps.optimizer_info(evidence, div.groups[0][0], div.optimizer, div.step)
     optimizer = f"optimizer {div.optimizer}" + (f" ({info.type_name})" if info and info.type_name else "")
     location, changed = None, None
     first = diffs[0] if diffs else None

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.compare import group_by_value, relative_difference
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.facts import Divergence
+from ddpdoctor.analysis.facts.steps import Divergence
 from ddpdoctor.analysis.symptoms import Divergence as Case
 from ddpdoctor.analysis.symptoms import BuffersDiffer, NotDistributed, ReplicasDiverged
 from ddpdoctor.schema.findings import ABSENT
@@ -197,7 +198,7 @@ def _param_name(evidence: Evidence, rank: int, opt: int, index: int, n: Optional
                 ) -> tuple[str, bool, Optional[int], Optional[int]]:
     """(name, inside a DDP module, that module's index, the DDP module that holds it frozen since its
     construction) of an optimizer's parameter."""
-    info = evidence.facts.optimizer_info(rank, opt, n)
+    info = facts.steps.optimizer_info(evidence, rank, opt, n)
     if info is not None and index < len(info.names):
         ddp_of = info.ddp_of[index] if index < len(info.ddp_of) else None
         frozen_in = info.frozen_in[index] if index < len(info.frozen_in) else None
@@ -206,7 +207,7 @@ def _param_name(evidence: Evidence, rank: int, opt: int, index: int, n: Optional
 
 
 def _optimizer_site(evidence: Evidence, rank: int, opt: int) -> Optional[Location]:
-    info = evidence.facts.optimizer_info(rank, opt)
+    info = facts.steps.optimizer_info(evidence, rank, opt)
     return Location.from_site(info.site) if info else None
 
 
@@ -256,7 +257,7 @@ def _first_site(evidence: Evidence, kind: type, ranks, **fields) -> tuple[Option
 
 
 def _wrap_site(evidence: Evidence, ddp: Optional[int]) -> Optional[Location]:
-    wraps = evidence.facts.ddp_wraps.get(ddp if ddp is not None else 0, {})
+    wraps = facts.ddp.wraps(evidence).get(ddp if ddp is not None else 0, {})
     return Location.from_site(next(iter(wraps.values())).site) if wraps else None
 
 
@@ -282,9 +283,8 @@ def _reduced(div: Divergence) -> Optional[dict[int, list]]:
 
 def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Optional[int]) -> _Case:
     """The case of gradients that differ across ranks, with its explanation and fix."""
-    facts = evidence.facts
     ranks = sorted(div.events)
-    if not facts.ddp_wraps:
+    if not facts.ddp.wraps(evidence):
         return _Case(Case.NOT_WRAPPED, "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
                      "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train through it.")
     conversions = _conversions(evidence, ranks, {r: e.step for r, e in div.events.items()})
@@ -300,7 +300,7 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
     rewraps = [e for r in ranks for e in evidence.ranks[r].of(DDPRewrap)]
     if rewraps and (bypass is not None or not in_ddp):
         first = rewraps[0]
-        wraps = facts.ddp_wraps
+        wraps = facts.ddp.wraps(evidence)
         first_at = _wrap_site(evidence, first.previous)
         again_at = Location.from_site(next(iter(wraps.get(first.ddp, {}).values())).site) if wraps.get(first.ddp) else None
         wrappers = 1 + len({e.ddp for e in rewraps if e.rank == first.rank})
@@ -329,12 +329,13 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
         return _Case(Case.STEP_IN_NO_SYNC, "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
                      "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, then step.")
     if inner > synced + unsynced:
-        location, _ = _first_site(evidence, DDPBypass, ranks, ddp=facts.ddp_canonical.get(ddp_index, ddp_index))
+        canonical = facts.ddp.canonical(evidence).get(ddp_index, ddp_index)
+        location, _ = _first_site(evidence, DDPBypass, ranks, ddp=canonical)
         return _Case(Case.DDP_BYPASSED, "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
                      "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.", location or bypass_at)
-    wraps = facts.ddp_wraps.get(ddp_index, {})
+    wraps = facts.ddp.wraps(evidence).get(ddp_index, {})
     tolerant = any(w.find_unused_parameters or w.static_graph for w in wraps.values())
-    unused = any(u.unused for u in facts.ddp_usage.get(ddp_index, {}).values())
+    unused = any(u.unused for u in facts.ddp.usage(evidence).get(ddp_index, {}).values())
     if unused and not tolerant:
         return _Case(Case.REDUCTION_INCOMPLETE, "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
                      "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
@@ -410,7 +411,7 @@ def _parameter_averaging(evidence: Evidence, ranks: list[int], ddp_index: Option
     divergent step on every rank: per-parameter all-reduces covering every parameter shape of the DDP
     model, or one flattened all-reduce of all of them (torch's PeriodicModelAverager, Accelerate's
     LocalSGD). None when no rank did."""
-    wraps = evidence.facts.ddp_wraps.get(ddp_index if ddp_index is not None else 0, {})
+    wraps = facts.ddp.wraps(evidence).get(ddp_index if ddp_index is not None else 0, {})
     wrap = next(iter(wraps.values()), None)
     if wrap is None or not wrap.shapes:
         return None
@@ -495,10 +496,10 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
     if not evidence.any(Step):
         return CheckResult(summary="no optimizer step observed", applicable=False)
-    div, num_compared = evidence.facts.divergence
+    div, num_compared = facts.steps.divergence(evidence)
     if num_compared == 0:
         return CheckResult(summary="no optimizer step was seen on two ranks", applicable=False)
-    every = evidence.facts.fingerprint_every
+    every = facts.steps.fingerprint_every(evidence)
     sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
     if div is None:
         round_trip = _round_trip(evidence)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
                                     evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
@@ -155,18 +156,18 @@ def _data_parallel_finding(evidence: Evidence, where: tuple[Optional[Location], 
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    facts = evidence.facts
     if not evidence.ranks and not evidence.unranked:
         return CheckResult(summary="no rank produced evidence", applicable=False)
-    if facts.failures or evidence.stop is not None:
+    if facts.failures.rank_failures(evidence) or evidence.stop is not None:
         # The script did not run to its end: what it never reached proves nothing (rank-failure says why).
         return CheckResult(summary="the job did not run to its end", applicable=False)
-    data_parallel = None if facts.ddp_wraps else _data_parallel(evidence)
+    wrapped, process_group = bool(facts.ddp.wraps(evidence)), facts.ddp.has_process_group(evidence)
+    data_parallel = None if wrapped else _data_parallel(evidence)
     if data_parallel is not None:
-        summary = "nn.DataParallel in every process" + ("" if facts.has_process_group else ", no process group")
+        summary = "nn.DataParallel in every process" + ("" if process_group else ", no process group")
         return CheckResult(summary=summary, findings=[
-            _data_parallel_finding(evidence, data_parallel, process_group=facts.has_process_group)])
-    if not facts.has_process_group:
+            _data_parallel_finding(evidence, data_parallel, process_group=process_group)])
+    if not process_group:
         ranks = tuple(sorted(evidence.ranks))
         copies = f"{len(ranks)} independent copies of the script ran" if len(ranks) > 1 else "the script ran alone"
         return CheckResult(summary="no process group", findings=[Finding(
@@ -176,7 +177,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                  "variables), wrap the model in DistributedDataParallel and shard data with DistributedSampler."),
             evidence=NoProcessGroup(processes=len(evidence.ranks) + (1 if evidence.unranked else 0)),
         )])
-    if facts.ddp_wraps:
+    if wrapped:
         return CheckResult(summary="process group initialized and model wrapped in DDP")
     steps = [e for _, e in evidence.events(Step)]
     location = first_site(evidence, InitProcessGroup)
@@ -187,7 +188,7 @@ def analyze(evidence: Evidence) -> CheckResult:
                     "optimizer stepped: there was no distributed training to check",
             fix="Wrap the model in DistributedDataParallel and train through it, or run a script that trains.",
             evidence=NoTraining(optimizer_steps=0))])
-    divergence, compared = facts.divergence
+    divergence, compared = facts.steps.divergence(evidence)
     if compared and divergence is None:
         return CheckResult(summary="no DDP, gradients synchronized by hand", findings=[Finding(
             check=ID, severity="info", ranks=tuple(sorted(evidence.ranks)), location=location,

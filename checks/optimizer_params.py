@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, Step, UnchangedWeights
@@ -159,15 +160,15 @@ def _strip(name: str, ddp: Optional[int]) -> str:
 
 
 def _models(evidence: Evidence, rank: int) -> list[_Model]:
-    facts = evidence.facts
-    canonical = facts.ddp_canonical
+    canonical = facts.ddp.canonical(evidence)
+    usages = facts.ddp.usage(evidence)
     ev = evidence.ranks[rank]
     wraps: dict[int, DDPWrap] = {}
     trained: dict[int, set[str]] = {}
     for wrap in ev.of(DDPWrap):
         index = canonical.get(wrap.ddp, wrap.ddp)
         wraps.setdefault(index, wrap)
-        usage = facts.ddp_usage.get(wrap.ddp, {}).get(rank)
+        usage = usages.get(wrap.ddp, {}).get(rank)
         if usage is not None and usage.iterations:
             trained.setdefault(index, set()).update(
                 name for i, name in enumerate(wrap.params) if usage.unused.get(str(i), 0) < usage.iterations)
@@ -210,7 +211,7 @@ def _description(evidence: Evidence, rank: int) -> tuple:
     """What the comparison depends on for one rank, as a hashable key: ranks that describe their
     models and optimizers alike (the common case, a thousand of them) are judged once."""
     ev = evidence.ranks[rank]
-    usage = evidence.facts.ddp_usage
+    usage = facts.ddp.usage(evidence)
     return (tuple((w.ddp, tuple(w.params)) for w in ev.of(DDPWrap)),
             tuple((i.opt, tuple(i.names), tuple(i.ddp_of)) for i in ev.of(OptimizerInfo)),
             tuple((d, u[rank].iterations, tuple(u[rank].unused.items())) for d, u in usage.items() if rank in u))
@@ -333,7 +334,7 @@ def _stuck_findings(evidence: Evidence) -> list[Finding]:
     for step in ev.of(Step):
         if step.grads is None or step.params is None:
             continue
-        info = evidence.facts.optimizer_info(rank, step.opt, step.n)
+        info = facts.steps.optimizer_info(evidence, rank, step.opt, step.n)
         config = _config_at(states.get(step.opt, []), step)
         params = decode_fingerprints(step.params)
         written = decode_fingerprints(step.written) if step.written else None
@@ -421,8 +422,14 @@ def _dtype(info: OptimizerInfo, index: int) -> str:
     return info.dtypes[index] if index < len(info.dtypes) else ""
 
 
+def _sampled_steps(evidence: Evidence) -> dict[tuple[int, int], dict[int, Step]]:
+    """(optimizer step, optimizer) -> rank -> its Step, for steps with fingerprints or a config
+    digest, in step order."""
+    return facts.steps.sampled(evidence).steps
+
+
 def _stuck_ranks(evidence: Evidence, rank: int, info: OptimizerInfo, steps: list[int]) -> tuple[int, ...]:
-    last = evidence.facts.sampled_steps.get((steps[-1], info.opt), {})
+    last = _sampled_steps(evidence).get((steps[-1], info.opt), {})
     mine = last.get(rank)
     return tuple(sorted(r for r, e in last.items() if mine is not None and e.params == mine.params)) or (rank,)
 

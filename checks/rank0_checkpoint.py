@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
                                     evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
@@ -218,7 +219,7 @@ def _unordered_reads(evidence: Evidence, by_path, loads: list[tuple[int, Load]])
 
 
 def _map_location(evidence: Evidence, loads: list[tuple[int, Load]]) -> list[Finding]:
-    devices = {r: str(e.device) for index, per_rank in evidence.facts.ddp_wraps.items() for r, e in per_rank.items()}
+    devices = {r: str(e.device) for index, per_rank in facts.ddp.wraps(evidence).items() for r, e in per_rank.items()}
     cuda = {d for d in devices.values() if d.startswith("cuda")}
     if len(cuda) < 2:
         return []

@@ -6,10 +6,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import (ENVIRONMENT, POSTMORTEM, RUN, Check, CheckResult, EvidenceRecord, Explains, Finding,
                                     Severity, evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.facts import RankFailure, is_reduction_error
+from ddpdoctor.analysis.facts.failures import RankFailure, is_reduction_error
 from ddpdoctor.analysis.symptoms import CollectivesUnmatched, FailureKind, HangKind, RankFailed
 from ddpdoctor.schema.findings import ABSENT
 
@@ -185,19 +186,24 @@ def _teardown_abort(aborts: dict[int, str]) -> CheckResult:
     return CheckResult(findings=[finding], summary=f"{fmt_ranks(ranks)} crashed in torch's teardown after finishing")
 
 
+def failed_ranks(failures: list[RankFailure]) -> set[int]:
+    """The ranks among ``failures`` (the launcher, rank None, left out)."""
+    return {f.rank for f in failures if f.rank is not None}
+
+
 def analyze(evidence: Evidence) -> CheckResult:
-    facts = evidence.facts
-    failures = facts.failures
+    failures = facts.failures.rank_failures(evidence)
     if not failures:
         unfinished = _unfinished(evidence)
         if unfinished is not None:
             return CheckResult(findings=[unfinished], summary=unfinished.message.split(":")[0])
         if evidence.stop is not None and evidence.stop.reason == "interrupted":
             return CheckResult(summary=f"no rank failed before {evidence.stop.signal or 'the signal'} interrupted the run")
-        if facts.teardown_aborts:
-            return _teardown_abort(facts.teardown_aborts)
+        aborts = facts.failures.teardown_aborts(evidence)
+        if aborts:
+            return _teardown_abort(aborts)
         return CheckResult(summary="no rank failed")
-    primary = facts.first_failure
+    primary = facts.failures.first_failure(evidence)
     secondary_only = primary is None
     chosen = primary or failures[0]
     same = [f for f in failures if f.secondary == chosen.secondary and _same_cause(f, chosen)]
@@ -220,7 +226,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     raised = chosen.kind == FailureKind.EXCEPTION
     evidence_out = Failed(
         rank=chosen.rank, ranks=ranks, kind=chosen.kind, last_step=step, seq=chosen.seq, secondary_only=secondary_only,
-        reduction_error=any(is_reduction_error(f.message) for f in failures), failed_ranks=sorted(facts.failed_ranks),
+        reduction_error=any(is_reduction_error(f.message) for f in failures),
+        failed_ranks=sorted(failed_ranks(failures)),
         exception=chosen.type if raised else ABSENT, message=chosen.message if raised else ABSENT,
         frames=chosen.frames if raised else ABSENT, exitcode=ABSENT if raised else chosen.code,
         signal=ABSENT if raised else chosen.signal,

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.index_sets import Overlap, distinct_indices, overlap, repeat_count
@@ -356,12 +357,12 @@ def _index_findings(evidence: Evidence) -> tuple[list[Finding], dict, int]:
     """Findings from the sampler indices (one per loader and severity), the passes compared, and
     the number of passes over datasets each rank built for itself (left to the content)."""
     comparable = {k: {r: e for r, e in v.items() if e.num_batches > 0}
-                  for k, v in evidence.facts.loader_passes.items()}
+                  for k, v in facts.loaders.passes(evidence).items()}
     comparable = {k: v for k, v in comparable.items() if len(v) >= 2}
     # Positions into datasets that differ by rank name different samples: only the content can tell.
     local = {k for k, v in comparable.items() if rank_local(v.values())}
     comparable = {k: v for k, v in comparable.items() if k not in local}
-    ddp_job = bool(evidence.facts.ddp_wraps)
+    ddp_job = bool(facts.ddp.wraps(evidence))
     first_per_loader: dict[tuple[str, str], Finding] = {}
     affected: Counter = Counter()
     for key in sorted(comparable, key=lambda k: (k[1], k[0])):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.symptoms import EpochNotSet
@@ -59,7 +60,7 @@ class SamplerEpochRepeated(EvidenceRecord, EpochNotSet):
 
 def analyze(evidence: Evidence) -> CheckResult:
     passes: dict[tuple[int, str], dict[int, LoaderPass]] = {}  # (rank, loader|dataset size) -> pass number -> event
-    for (loader, number), per_rank in evidence.facts.loader_passes.items():
+    for (loader, number), per_rank in facts.loaders.passes(evidence).items():
         for rank, event in per_rank.items():
             sampler = event.sampler
             # Training passes only: evaluating on the training loader within an epoch reuses its epoch legitimately.

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, Severity,
                                     evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts.derived import derived
 from ddpdoctor.analysis.symptoms import CollectivesUnmatched, HangKind, IterationsUneven, RankFailed, UnevenCause
-from ddpdoctor.schema.events import JoinEvent, LoaderPass
+from ddpdoctor.schema.events import DDPUsage, JoinEvent, LoaderPass, Step
 
 from . import _frameworks as frameworks
 from ._common import fmt_ranks
@@ -127,7 +129,8 @@ def _training_passes(evidence: Evidence) -> dict[str, dict[int, list[LoaderPass]
     a framework's look at the loader) numbers the later passes differently on those ranks.
     """
     out: dict[str, dict[int, list[LoaderPass]]] = {}
-    for (loader, number), per_rank in sorted(evidence.facts.loader_passes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    passes = facts.loaders.passes(evidence)
+    for (loader, number), per_rank in sorted(passes.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         for rank, event in per_rank.items():
             if event.num_batches > 0 and (event.steps > 0 or event.ddp_forwards > 0):
                 out.setdefault(loader, {}).setdefault(rank, []).append(event)
@@ -151,18 +154,43 @@ def _uneven_passes(evidence: Evidence, crashed: set[int]) -> list[tuple[tuple[st
     return sorted(found, key=lambda item: item[0][1])
 
 
+@derived
+def ddp_backwards(evidence: Evidence) -> dict[int, dict[int, int]]:
+    """DDP module index -> rank -> backward passes DDP synchronized on it (the one a rank was in
+    when the job stopped included); every rank that wrapped the module is listed. Empty for
+    evidence written before ranks counted them."""
+    out: dict[int, dict[int, int]] = {}
+    for rank, event in evidence.events(DDPUsage):
+        if event.backwards is None:
+            return {}
+        counts = out.setdefault(event.ddp, {})
+        counts[rank] = max(counts.get(rank, 0), event.backwards)
+    for index, wraps in facts.ddp.wraps(evidence).items():
+        if index in out:
+            for rank in wraps:
+                out[index].setdefault(rank, 0)
+    return out
+
+
+def step_counts(evidence: Evidence) -> dict[int, int]:
+    """rank -> its optimizer steps."""
+    counts: dict[int, int] = {}
+    for rank, _ in evidence.events(Step):
+        counts[rank] = counts.get(rank, 0) + 1
+    return counts
+
+
 def _uneven_backwards(evidence: Evidence) -> Optional[dict[int, int]]:
     """rank -> DDP backward passes, for the first DDP module whose ranks ran different numbers of
     them; None when every module's ranks ran the same (or the evidence does not count them)."""
-    for _, counts in sorted(evidence.facts.ddp_backwards.items()):
+    for _, counts in sorted(ddp_backwards(evidence).items()):
         if len(counts) >= 2 and len(set(counts.values())) > 1:
             return counts
     return None
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    facts = evidence.facts
-    if evidence.world_size < 2 or not facts.ddp_wraps:
+    if evidence.world_size < 2 or not facts.ddp.wraps(evidence):
         return CheckResult(summary="no DDP training on several ranks", applicable=False)
     stop = evidence.stop
     if stop is not None and stop.reason in ("interrupted", "timeout"):
@@ -171,17 +199,18 @@ def analyze(evidence: Evidence) -> CheckResult:
     joined = {r for r, e in evidence.events(JoinEvent) if e.phase == "enter"}
     # A rank that crashed for its own reasons stops early: rank-failure reports that. Ranks that
     # failed only because a peer left (connection closed) may be the symptom of uneven inputs.
-    crashed = {f.rank for f in facts.failures if not f.secondary and f.rank is not None}
-    counted = bool(facts.ddp_backwards)
+    failures = facts.failures.rank_failures(evidence)
+    crashed = {f.rank for f in failures if not f.secondary and f.rank is not None}
+    counted = bool(ddp_backwards(evidence))
     backwards = _uneven_backwards(evidence) if counted else None
     if counted and backwards is None:
-        total = max((sum(c.values()) for c in facts.ddp_backwards.values()), default=0)
+        total = max((sum(c.values()) for c in ddp_backwards(evidence).values()), default=0)
         return CheckResult(summary=f"every rank ran the same number of DDP training iterations ({total} in all)")
     if counted and crashed:
         return CheckResult(summary="iteration counts cut short by a rank's own failure (rank-failure)")
     uneven = _uneven_passes(evidence, crashed)
-    step_totals = facts.step_counts
-    if not counted and not uneven and len(set(step_totals.values())) > 1 and not facts.failures \
+    step_totals = step_counts(evidence)
+    if not counted and not uneven and len(set(step_totals.values())) > 1 and not failures \
             and len(step_totals) == evidence.world_size:
         uneven.append((("optimizer steps", 0), {}, dict(step_totals)))
     if not uneven and backwards is not None:

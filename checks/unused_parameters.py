@@ -6,9 +6,10 @@ import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 
+from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.analysis.facts import REDUCTION_ERRORS, is_reduction_error
+from ddpdoctor.analysis.facts.failures import REDUCTION_ERRORS, is_reduction_error
 from ddpdoctor.analysis.symptoms import Divergence, ParametersUnused, RankFailed, ReplicasDiverged
 
 from . import _frameworks as frameworks
@@ -116,17 +117,18 @@ def _names(index_counts: dict, names: list[str]) -> list[str]:
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    facts = evidence.facts
-    if not facts.ddp_wraps:
+    wraps = facts.ddp.wraps(evidence)
+    if not wraps:
         return CheckResult(summary="no DDP module", applicable=False)
-    crash_ranks = sorted({f.rank for f in facts.failures if f.rank is not None and is_reduction_error(f.message)})
+    crash_ranks = sorted({f.rank for f in facts.failures.rank_failures(evidence)
+                          if f.rank is not None and is_reduction_error(f.message)})
     findings: list[Finding] = []
     num_iterations_total = 0
-    for ddp_index, per_rank_wrap in sorted(facts.ddp_wraps.items()):
+    for ddp_index, per_rank_wrap in sorted(wraps.items()):
         any_wrap = next(iter(per_rank_wrap.values()))
         names: list[str] = any_wrap.params
         tolerant = any_wrap.find_unused_parameters or any_wrap.static_graph
-        usage = facts.ddp_usage.get(ddp_index, {})
+        usage = facts.ddp.usage(evidence).get(ddp_index, {})
         iterations = {r: u.iterations for r, u in usage.items() if u.iterations}
         unused_count: dict[int, dict[int, int]] = defaultdict(dict)  # param -> rank -> iterations without grad
         for rank, u in usage.items():

@@ -4,7 +4,7 @@ A check is a :class:`Check` object exposed through the ``ddpdoctor.checks`` entr
 (third-party checks too: :mod:`ddpdoctor.plugin` is their versioned API). Its ``analyze`` must be a
 pure function of the :class:`~ddpdoctor.analysis.evidence.Evidence`, so it can be unit-tested on
 synthetic evidence and gives the same answer on 2 or 1024 ranks. Derived facts shared by several
-checks are in ``evidence.facts``; checks never import each other.
+checks are in :mod:`ddpdoctor.analysis.facts`; checks never import each other.
 """
 
 from __future__ import annotations

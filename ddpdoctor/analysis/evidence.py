@@ -1,24 +1,21 @@
 """Evidence: every rank's typed events plus what the supervisor observed, in one view.
 
-Analyzers read this and nothing else. Loading is the only I/O; everything after is pure. Derived
-facts several checks share are computed once, on first use, in ``evidence.facts``.
+Analyzers read this and nothing else. Loading is the only I/O; everything after is pure. Facts
+derived from it (:mod:`ddpdoctor.analysis.facts`) are computed once, on first use, and kept in its
+``derived`` field, of which this module knows nothing more.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Iterable, Iterator, Optional, TypeVar
 
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProcessStart, Step, event_from_json
 from ddpdoctor.schema.fingerprints import intern
 from ddpdoctor.schema.observations import Failure, Observations, StopSnapshot
-
-if TYPE_CHECKING:
-    from ddpdoctor.analysis.facts import Facts
 
 E = TypeVar("E", bound=Event)
 
@@ -69,6 +66,8 @@ class Evidence:
     unranked: list[Event] = field(default_factory=list)  # processes that never had a rank (a spawn launcher)
     observations: Observations = field(default_factory=Observations)
     script: Optional[str] = None
+    # facts derived from this evidence, each computed once: filled and cleared by ddpdoctor.analysis.facts.derived
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -116,12 +115,6 @@ class Evidence:
 
     def any(self, kind: type[E]) -> bool:
         return any(True for _ in self.events(kind))
-
-    @functools.cached_property
-    def facts(self) -> "Facts":
-        from ddpdoctor.analysis.facts import Facts
-
-        return Facts(self)
 
     @classmethod
     def from_processes(cls, processes: Iterable[list[Event]], *, observations: Observations,

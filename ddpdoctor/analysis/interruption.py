@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import derived
 from ddpdoctor.schema.events import Collective, ContentPass, Event, LoaderPass, Step
 
 __all__ = ["LeftOut", "leave_out_cut_off", "summary"]
@@ -116,6 +117,7 @@ def leave_out_cut_off(evidence: Evidence) -> LeftOut:
             ev.events = kept
             ev._by_kind = None  # the per-kind index is rebuilt from the kept events
     left.passes = sorted(dropped_passes)
+    derived.forget(evidence)  # no fact derived before the trim (of the cut-off counts) outlives it
     return left
 
 

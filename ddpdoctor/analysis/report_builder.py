@@ -13,11 +13,13 @@ from ddpdoctor.analysis import interruption
 from ddpdoctor.analysis.bandwidth import collective_benchmark
 from ddpdoctor.analysis.rank_environments import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.facts import ddp
 from ddpdoctor.analysis.render.source import collect_sources
 from ddpdoctor.analysis.report import CheckStatus, Report
 from ddpdoctor.analysis.runner import Analysis
 from ddpdoctor.analysis.timeline import build_timeline
-from ddpdoctor.schema.events import DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart, RankEnvironment
+from ddpdoctor.schema.events import (DDPWrap, DeviceSimulation, InitProcessGroup, ProcessStart, RankEnvironment,
+                                     RunCut)
 from ddpdoctor.schema.observations import Outcome
 
 __all__ = ["build_report", "device_simulation", "framework_of", "interruption_of", "FRAMEWORK_TITLES"]
@@ -66,10 +68,16 @@ FRAMEWORK_TITLES = {"transformers": "Hugging Face Trainer", "accelerate": "Accel
 
 def framework_of(evidence: Evidence) -> Optional[dict[str, Any]]:
     """The framework that set DDP up, as the report names it."""
-    found = evidence.facts.framework
+    found = ddp.framework(evidence)
     if found is None:
         return None
     return {"name": found[0], "title": FRAMEWORK_TITLES.get(found[0], found[0]), "version": found[1]}
+
+
+def cut_of(evidence: Evidence) -> Optional[dict[str, Any]]:
+    """Where ddpdoctor stopped a bounded run on purpose (--max-steps/--max-epochs), if it did."""
+    cut = next((e for _, e in evidence.events(RunCut)), None)
+    return {"reason": cut.reason, "at": cut.at} if cut else None
 
 
 def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script: Optional[str], argv: list[str],
@@ -98,7 +106,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         nodes=sorted({ev.node_rank for ev in evidence.ranks.values() if ev.node_rank is not None}),
         probe_errors=analysis.probe_errors,
         missing_ranks=observations.missing_ranks,
-        cut={"reason": evidence.facts.cut.reason, "at": evidence.facts.cut.at} if evidence.facts.cut else None,
+        cut=cut_of(evidence),
         suppressed=[{"finding": f.to_json(), "reason": s.reason, "file": s.file, "line": s.line}
                     for f, s in analysis.suppressed],
         unused_suppressions=[s.to_json() for s in analysis.unused_suppressions],

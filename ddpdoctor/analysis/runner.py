@@ -50,9 +50,8 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
     if unchecked is not None:
         return _not_checked(checks, probe_errors, unchecked)
     left_out = None
-    if evidence.outcome == "interrupted":  # before any fact is derived: no check sees the cut-off counts
+    if evidence.outcome == "interrupted":  # before the checks: no check sees the cut-off counts
         left_out = interruption.leave_out_cut_off(evidence)
-        evidence.__dict__.pop("facts", None)
     outcomes = [_run_one(loaded, evidence) for loaded in checks]
     raw = [f for o in outcomes for f in o.result.findings]
     rules = causality.rules_of((c.id, e) for c in checks if c.check is not None for e in c.check.explains)

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any, Optional, TypeVar
 
 from ddpdoctor.analysis.evidence import Evidence, RankEvidence
+from ddpdoctor.analysis.facts import collectives
 from ddpdoctor.schema.events import (Collective, DDPWrap, Exit, ExceptionEvent, InitProcessGroup, InternalCollectives,
                                      InternalPhase, ProcessStart, RankEnvironment, Save, Step, SysExit)
 
@@ -165,7 +166,7 @@ def build_timeline(evidence: Evidence) -> Optional[dict[str, Any]]:
         return None
     t0 = min(times)
     limit = points_per_rank(max(evidence.world_size, len(evidence.ranks)))
-    mismatch = evidence.facts.collective_divergence
+    mismatch = collectives.divergence(evidence)
     divergence = mismatch.n if mismatch is not None else None
     stop = evidence.stop
     ranks: dict[str, dict[str, Any]] = {}

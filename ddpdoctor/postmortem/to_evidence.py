@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ddpdoctor.analysis.evidence import POST_MORTEM, Evidence, RankEvidence
+from ddpdoctor.analysis.facts import failures as failure_facts
 from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
 from ddpdoctor.postmortem import torchrun_files
 from ddpdoctor.postmortem.discover import Inputs, discover, read_text_tail
@@ -131,13 +132,13 @@ def load(paths: list[str], *, classify: Classify, world_size: Optional[int] = No
             f"no dump from {_ranks_text(missing)}: what "
             f"{'they' if len(missing) > 1 else 'it'} did is unknown (killed before dumping, or the dump was not "
             "collected)")))
-    cause = evidence.facts.first_failure
+    cause = failure_facts.first_failure(evidence)
     stop = None if cause is not None else _snapshot(converted, dumps_meta, missing, classify)
     if stop is not None:
         observations.stop = stop
         observations.outcome = Outcome.HUNG
         evidence = Evidence(ranks=evidence.ranks, unranked=evidence.unranked, observations=observations,
-                            script=script)  # facts anew
+                            script=script)  # its facts derived anew
     notes.extend(_notes(converted, dumps_meta, missing, evidence))
     return PostMortem(evidence=evidence, inputs=inputs, notes=notes, torchrun_root_cause=table.root_cause,
                       formats=sorted({meta[2] for meta in dumps_meta.values()}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from builders import ddp_wrap, loader_pass, make_evidence, merge, on_all
 
+from ddpdoctor.analysis.facts import loaders
 from ddpdoctor.analysis.passes import pair
 
 
@@ -29,7 +30,7 @@ def test_facts_pair_training_passes_after_a_rank_only_peek():
         0: [peek, loader_pass(list(range(0, 8, 2)), number=1)],
         1: [loader_pass(list(range(1, 8, 2)), number=0)],
     }))
-    training = [per_rank for per_rank in evidence.facts.loader_passes.values() if len(per_rank) == 2]
+    training = [per_rank for per_rank in loaders.passes(evidence).values() if len(per_rank) == 2]
     (per_rank,) = training
     assert per_rank[0].number == 1 and per_rank[1].number == 0
 

@@ -6,6 +6,7 @@ from builders import (SCRIPT, exception, exit_event, failure, init_pg, make_evid
                       sys_exit)
 
 from ddpdoctor.analysis.api import Location
+from ddpdoctor.analysis.facts.failures import rank_failures
 from ddpdoctor.checks.rank_failure import analyze
 
 
@@ -291,7 +292,7 @@ def test_a_signal_after_the_script_finished_is_a_teardown_crash_not_the_scripts(
     (finding,) = analyze(evidence).findings
     assert finding.severity == "warning" and finding.ranks == (1,)
     assert "after the script had finished cleanly" in finding.message
-    assert evidence.facts.failures == []
+    assert rank_failures(evidence) == []
 
 
 def test_a_rank_gloo_aborted_on_a_collective_mismatch_says_so_instead_of_guessing_a_killer():

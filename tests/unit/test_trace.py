@@ -5,6 +5,7 @@ from __future__ import annotations
 from builders import collective, frame, init_pg, internal, make_evidence, merge, on_all, stop_snapshot
 
 from ddpdoctor.analysis.collective_trace import first_mismatch, rank_trace
+from ddpdoctor.analysis.facts import collectives
 from ddpdoctor.checks import collective_hang
 
 
@@ -19,16 +20,16 @@ def _training(first: int, steps: int, *, forward_line: int = 28, backward_line: 
 
 def test_identical_traces_have_no_mismatch():
     evidence = make_evidence(2, on_all(2, internal(1, 4, "ddp-init"), *_training(5, 3), collective("all_reduce", 14)))
-    assert evidence.facts.collective_mismatch is None
-    assert evidence.facts.collective_divergence is None
-    assert evidence.facts.world_traces[0].numbered_to == 14
+    assert collective_hang.collective_mismatch(evidence) is None
+    assert collectives.divergence(evidence) is None
+    assert collectives.world_traces(evidence)[0].numbered_to == 14
 
 
 def test_a_rank_only_ddp_forward_is_the_root_even_without_a_hang():
     rank0 = [*_training(1, 2), internal(7, 2, "ddp-forward", grad=False, line=40), *_training(9, 1)]
     rank1 = [*_training(1, 3)]
     evidence = make_evidence(2, {0: rank0, 1: rank1})
-    mismatch = evidence.facts.collective_mismatch
+    mismatch = collective_hang.collective_mismatch(evidence)
     assert mismatch.n == 7 and mismatch.culprit() == 0
     result = collective_hang.analyze(evidence)
     (finding,) = result.findings
@@ -53,12 +54,12 @@ def test_joins_shadow_collectives_match_any_of_ddps():
     rank0 = [*_training(1, 3)]
     rank1 = [*_training(1, 2), internal(7, 3, "other", ddp=None, line=50)]
     evidence = make_evidence(2, {0: rank0, 1: rank1})
-    assert evidence.facts.collective_mismatch is None
+    assert collective_hang.collective_mismatch(evidence) is None
 
 
 def test_a_forward_in_evaluation_on_every_rank_is_no_mismatch():
     events = [*_training(1, 1), internal(4, 2, "ddp-forward", grad=False, line=40), *_training(6, 1)]
-    assert make_evidence(2, on_all(2, *events)).facts.collective_mismatch is None
+    assert collective_hang.collective_mismatch(make_evidence(2, on_all(2, *events))) is None
 
 
 def test_a_call_of_several_collectives_is_compared_at_its_first_number():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from builders import SCRIPT, ddp_wrap, exception, make_evidence, merge, on_all, step, usage
 
 from ddpdoctor.analysis.api import Location
-from ddpdoctor.analysis.facts import REDUCTION_ERRORS
+from ddpdoctor.analysis.facts.failures import REDUCTION_ERRORS
 from ddpdoctor.checks.unused_parameters import analyze
 
 REDUCTION_ERROR = REDUCTION_ERRORS[0]
