@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from ddpdoctor._version import __version__
 
 _EXPORTS = {
     "run": "ddpdoctor.supervisor.pipeline",

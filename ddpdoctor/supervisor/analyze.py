@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Optional
 
-from ddpdoctor import __version__
+from ddpdoctor._version import __version__
 from ddpdoctor.analysis.evidence import no_cyclic_gc
 from ddpdoctor.analysis.api import POSTMORTEM
 from ddpdoctor.analysis.registry import checks_for

@@ -20,7 +20,7 @@ try:  # typer >= 0.20 vendors click
 except ImportError:  # older typer depends on click itself
     from click import exceptions as click_exceptions
 
-from ddpdoctor import __version__
+from ddpdoctor._version import __version__
 from ddpdoctor.supervisor import options
 
 EXAMPLES = """\

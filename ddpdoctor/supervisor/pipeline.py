@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Optional
 
-from ddpdoctor import __version__
+from ddpdoctor._version import __version__
 from ddpdoctor.schema import settings
 from ddpdoctor.schema.observations import Failure, Observations, Outcome, StopSnapshot
 from ddpdoctor.supervisor import launch
