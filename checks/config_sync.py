@@ -92,7 +92,7 @@ class SettingsDiffer(EvidenceRecord):
     what: list[str] = evidence_field(label="differs", default_factory=list)
     step: int = evidence_field(label="optimizer step", default=0)
     optimizer: int = evidence_field(hidden=True, default=0)
-    changed_by: Optional[dict[str, Any]] = evidence_field(keep_none=True)
+    changed_by: Optional[dict[str, Any]] = evidence_field(keep_none=True, units={"call": "code"})
     last_identical_step: Optional[int] = evidence_field(keep_none=True)
     rank_groups: list[list[int]] = evidence_field(hidden=True, default_factory=list)
     differs: list[dict[str, Any]] = evidence_field(hidden=True, default_factory=list)

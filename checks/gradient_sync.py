@@ -101,7 +101,7 @@ class ConvertedAfterWrap(Diverged):
     """The wrapped model converted or moved after wrapping: each call, where, after which step."""
 
     discriminator = {"case": Case.CONVERTED_AFTER_WRAP.value}
-    conversions: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{call, at, after_step}]
+    conversions: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})  # [{call, at, after_step}]
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class DeviceRoundTrip(EvidenceRecord, ReplicasDiverged):
 
     discriminator = {"case": Case.DEVICE_ROUND_TRIP.value}
     case: str = evidence_field(hidden=True, default=Case.DEVICE_ROUND_TRIP.value)
-    moves: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{call, at, after_step}]
+    moves: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})  # [{call, at, after_step}]
 
 
 def _not_wrapped(finding: Finding) -> bool:

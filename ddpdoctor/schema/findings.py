@@ -132,7 +132,7 @@ class FieldInfo:
     shape). ``hidden``: the message already says it, or only tools read it (it stays in the JSON).
     ``key``: its JSON key where that is no Python name (``pass``). ``keep_none``: written as null
     when None (otherwise a None field is left out of the JSON, as an absent key was before).
-    ``labels``: labels of the keys of records nested in the value."""
+    ``labels``, ``units``: the labels and units of the keys of records nested in the value."""
 
     label: Optional[str] = None
     unit: Optional[str] = None
@@ -140,6 +140,7 @@ class FieldInfo:
     key: Optional[str] = None
     keep_none: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    units: Mapping[str, str] = field(default_factory=dict)
 
 
 _INFO = "ddpdoctor"
@@ -147,9 +148,11 @@ _INFO = "ddpdoctor"
 
 def evidence_field(default: Any = None, *, label: Optional[str] = None, unit: Optional[str] = None,
                    hidden: bool = False, key: Optional[str] = None, keep_none: bool = False,
-                   labels: Optional[Mapping[str, str]] = None, default_factory: Any = None) -> Any:
+                   labels: Optional[Mapping[str, str]] = None, units: Optional[Mapping[str, str]] = None,
+                   default_factory: Any = None) -> Any:
     """A field of an :class:`EvidenceRecord` with its label and unit beside it."""
-    info = FieldInfo(label=label, unit=unit, hidden=hidden, key=key, keep_none=keep_none, labels=dict(labels or {}))
+    info = FieldInfo(label=label, unit=unit, hidden=hidden, key=key, keep_none=keep_none, labels=dict(labels or {}),
+                     units=dict(units or {}))
     if default_factory is not None:
         return field(default_factory=default_factory, metadata={_INFO: info})
     return field(default=default, metadata={_INFO: info})
@@ -174,21 +177,17 @@ class EvidenceRecord:
     Fields are written to JSON in declaration order, a None field left out unless it keeps its None."""
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for f, info in self._fields():
-            value = getattr(self, f.name)
-            if value is ABSENT or (value is None and not info.keep_none):
-                continue
-            out[info.key or f.name] = _jsonable(value)
-        return out
+        return {key: _jsonable(value) for key, value, _ in self.rows()}
 
     def rows(self) -> Iterator[tuple[str, Any, FieldInfo]]:
         """(JSON key, value, how to read it) per field present, in declaration order."""
+        read: Optional[frozenset[str]] = self.__dict__.get("_read_keys")
         for f, info in self._fields():
             value = getattr(self, f.name)
-            if value is ABSENT or (value is None and not info.keep_none):
+            key = info.key or f.name
+            if value is ABSENT or (value is None and not info.keep_none) or (read is not None and key not in read):
                 continue
-            yield info.key or f.name, value, info
+            yield key, value, info
 
     @classmethod
     def _fields(cls) -> list[tuple[dataclasses.Field[Any], FieldInfo]]:
@@ -209,12 +208,15 @@ class EvidenceRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "EvidenceRecord":
-        """Back from :meth:`to_json` (a saved report rendered again); keys this build does not know are
-        kept as :class:`RawEvidence` rather than lost."""
+        """Back from :meth:`to_json` (a saved report rendered again), writing the same JSON back; keys this
+        build does not know are kept as :class:`RawEvidence` rather than lost."""
         keys = {info.key or f.name: f.name for f, info in cls._fields()}
         if not set(data) <= set(keys):
             return RawEvidence(dict(data))
-        return cls(**{keys[k]: v for k, v in data.items()})
+        record = cls(**{keys[k]: v for k, v in data.items()})
+        # a key the JSON has not got is written back as absent, not as its field's default: the same JSON
+        object.__setattr__(record, "_read_keys", frozenset(data))
+        return record
 
     def __bool__(self) -> bool:
         return bool(self.to_json())
@@ -230,6 +232,9 @@ class EvidenceRecord:
         return key in self.to_json()
 
 
+_CONVENTIONAL = {"kind": FieldInfo(hidden=True), "case": FieldInfo(hidden=True)}
+
+
 @dataclass(frozen=True, eq=False)
 class RawEvidence(EvidenceRecord):
     """Evidence given as a plain dict (a plugin's, or a saved report's of an unknown check): rendered
@@ -241,8 +246,10 @@ class RawEvidence(EvidenceRecord):
         return {k: _jsonable(v) for k, v in self.data.items()}
 
     def rows(self) -> Iterator[tuple[str, Any, FieldInfo]]:
+        """Every key, read by its value's shape; ``kind`` and ``case``, by convention the code that tells
+        tools which case a finding is (its message says it in words), are hidden."""
         for key, value in self.data.items():
-            yield key, value, FieldInfo()
+            yield key, value, _CONVENTIONAL[key] if key in _CONVENTIONAL else FieldInfo()
 
     def keys(self) -> Any:
         return self.data.keys()
@@ -257,9 +264,13 @@ class RawEvidence(EvidenceRecord):
     __hash__ = None  # type: ignore[assignment]
 
 
-def as_evidence(value: Union[EvidenceRecord, Mapping[str, Any], None]) -> EvidenceRecord:
+def as_evidence(value: Union[EvidenceRecord, Mapping[str, Any], None], check: Optional[str] = None) -> EvidenceRecord:
+    """``value`` as a record: a dict given for a check that declares its evidence types is read as the
+    first of them it matches (as a saved report's is), any other dict as :class:`RawEvidence`."""
     if isinstance(value, EvidenceRecord):
         return value
+    if check is not None:
+        return _evidence_from_json(check, value)
     return RawEvidence(dict(value or {}))
 
 
@@ -295,7 +306,7 @@ class Consequence:
     severity: Severity = Severity.ERROR  # what the check would have said on its own
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "evidence", as_evidence(self.evidence))
+        object.__setattr__(self, "evidence", as_evidence(self.evidence, self.check))
         object.__setattr__(self, "severity", Severity.parse(self.severity))
 
     def to_json(self) -> dict[str, Any]:
@@ -314,8 +325,8 @@ class Consequence:
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem a check found. ``evidence``: the check's typed record (a dict is taken as
-    :class:`RawEvidence`)."""
+    """One problem a check found. ``evidence``: the check's typed record (a dict is read as one of the
+    check's declared types where it matches one, else kept as :class:`RawEvidence`)."""
 
     check: str
     severity: Severity
@@ -327,7 +338,7 @@ class Finding:
     consequences: tuple[Consequence, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "evidence", as_evidence(self.evidence))
+        object.__setattr__(self, "evidence", as_evidence(self.evidence, self.check))
         object.__setattr__(self, "severity", Severity.parse(self.severity))
 
     def as_consequence(self) -> Consequence:

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdoctor.analysis.api import EvidenceRecord, Finding, evidence_field
+
 from ddpdoctor.analysis.render.evidence import evidence_rows, format_value, number, ranks_text, record_text, size
+
+from ddpdoctor.analysis.registry import load_checks
+
+load_checks()  # the checks register their evidence types: a built-in check's dict evidence below is typed as theirs
 
 
 def test_numbers_keep_three_significant_digits_and_units():
@@ -47,12 +56,29 @@ def all_text(rows: list[tuple[str, list[str]]]) -> str:
     return "\n".join(f"{label} {line}" for label, lines in rows for line in lines)
 
 
+@dataclass(frozen=True)
+class Moves(EvidenceRecord):
+    """A typed record as a check declares it: the nested records' ``call`` reads as code."""
+
+    case: str = evidence_field(default="device-round-trip", hidden=True)
+    moves: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})
+
+
 def test_a_list_of_records_reads_one_line_per_record_in_words():
     moves = [{"call": ".cpu()", "at": {"file": "/job/train.py", "line": 31}, "after_step": 1},
              {"call": ".cuda()", "at": SITE, "after_step": 1}]
-    assert dict(evidence_rows({"case": "device-round-trip", "moves": moves})) == {
+    assert dict(evidence_rows(Moves(moves=moves))) == {
         "moves": ["`.cpu()` at train.py:31 after step 1", "`.cuda()` at train.py:31 (main) after step 1"]}
-    assert format_value(moves) == "`.cpu()` at train.py:31 after step 1; `.cuda()` at train.py:31 (main) after step 1"
+    # undeclared (a plugin's dict): the same phrases, the call as it is
+    assert format_value(moves) == ".cpu() at train.py:31 after step 1; .cuda() at train.py:31 (main) after step 1"
+
+
+def test_a_built_in_checks_dict_evidence_is_read_as_its_declared_record():
+    """A saved report's (or a test's) dict for a built-in check gets that check's labels and units."""
+    moves = [{"call": ".cpu()", "at": SITE, "after_step": 1}]
+    finding = Finding(check="gradient-sync", severity="error", message="m", fix="f",
+                      evidence={"case": "device-round-trip", "moves": moves})
+    assert dict(evidence_rows(finding.evidence)) == {"moves": ["`.cpu()` at train.py:31 (main) after step 1"]}
 
 
 def test_a_nested_record_reads_as_a_phrase_led_by_its_rank_with_the_site_named_once():
@@ -60,15 +86,17 @@ def test_a_nested_record_reads_as_a_phrase_led_by_its_rank_with_the_site_named_o
                   "candidates": [SITE, {"file": "/lib/sched.py", "line": 9}], "before_step": 2}
     assert record_text(changed_by) == "rank 0: via scheduler at train.py:31 (main) before step 2"
     assert record_text({"rank": 1, "call": "Net.eval()", "at": SITE, "after_step": 2}) == \
-        "rank 1: `Net.eval()` at train.py:31 (main) after step 2"
+        "rank 1: Net.eval() at train.py:31 (main) after step 2"
     assert record_text({"optimizer_built_at": SITE}) == "optimizer built at train.py:31 (main)"
 
 
 def test_config_syncs_differences_show_once_in_words():
     differs = [{"what": "hyperparameter", "key": "0:lr", "label": "`lr`", "values": {"0": "0.045", "1": "0.05"},
                 "text": "rank 0: 0.045; rank 1: 0.05"}]
-    rows = dict(evidence_rows({"what": ["`lr`: rank 0: 0.045; rank 1: 0.05", "`momentum`: rank 0: 0.9; rank 1: 0"],
-                               "step": 2, "differs": differs}))
+    finding = Finding(check="config-sync", severity="error", message="m", fix="f", evidence={
+        "what": ["`lr`: rank 0: 0.045; rank 1: 0.05", "`momentum`: rank 0: 0.9; rank 1: 0"], "step": 2,
+        "differs": differs})
+    rows = dict(evidence_rows(finding.evidence))
     assert rows == {"differs": ["`lr`: rank 0: 0.045; rank 1: 0.05", "`momentum`: rank 0: 0.9; rank 1: 0"],
                     "optimizer step": ["2"]}
 
@@ -94,4 +122,4 @@ def test_a_plugins_nested_evidence_renders_without_a_special_case():
 def test_long_lists_of_records_are_cut_with_a_count():
     records = [{"call": f".m{i}()", "after_step": i} for i in range(9)]
     (row,) = evidence_rows({"calls_made": records})
-    assert row[1][0] == "`.m0()` after step 0" and row[1][-1] == "… (3 more)" and len(row[1]) == 7
+    assert row[1][0] == ".m0() after step 0" and row[1][-1] == "… (3 more)" and len(row[1]) == 7

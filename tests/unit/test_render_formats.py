@@ -23,6 +23,10 @@ from ddpdoctor.analysis.report import CheckStatus, Report, write_json
 from ddpdoctor.analysis.report_builder import build_report
 from ddpdoctor.analysis.runner import analyze
 
+from ddpdoctor.analysis.registry import load_checks
+
+load_checks()  # the checks register their evidence types: a built-in check's dict evidence below is typed as theirs
+
 REPO = "/job"  # SCRIPT is /job/train.py
 NAMES = ("fc.weight", "fc.bias")
 SCHEMA = json.loads((pathlib.Path(__file__).parents[1] / "data" / "sarif-schema-2.1.0.json").read_text())

@@ -5,12 +5,18 @@ keys, nothing cut mid-word), and a consequence never wears a pass mark."""
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Console
 
-from ddpdoctor.analysis.api import Consequence, Finding, Location
+from ddpdoctor.analysis.api import Consequence, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.render.terminal import render
 from ddpdoctor.analysis.report import CheckStatus, Report
+
+from ddpdoctor.analysis.registry import load_checks
+
+load_checks()  # the checks register their evidence types: a built-in check's dict evidence below is typed as theirs
 
 TRAIN = """\
 import torch.distributed as dist
@@ -103,12 +109,29 @@ def test_a_missing_file_degrades_to_file_and_line():
     assert "--> /gone/train.py:18" in text and "fix: Call set_epoch." in text
 
 
+@dataclass(frozen=True)
+class Mixed(EvidenceRecord):
+    """A record with a field of every kind of unit a check declares."""
+
+    ddp: int = evidence_field(default=0, hidden=True)
+    case: str = evidence_field(default="ddp-bypassed", hidden=True)
+    unused: list[str] = evidence_field(default_factory=list, label="unused parameters", unit="names")
+    iterations_without_grad: dict[str, dict[str, int]] = evidence_field(default_factory=dict,
+                                                                        label="iterations without a gradient")
+    relative_difference: float = evidence_field(default=0.0, label="relative difference", unit="fraction")
+    write_site: list[dict[str, Any]] = evidence_field(default_factory=list, label="written at", unit="site")
+    batches: dict[str, int] = evidence_field(default_factory=dict, label="batches per rank")
+    sampler_epochs: list[int] = evidence_field(default_factory=list, label="sampler epoch in each pass")
+    wait_s: float = evidence_field(default=0.0)
+    nested: dict[str, Any] = evidence_field(default_factory=dict)
+
+
 def test_evidence_reads_as_words_not_json():
-    finding = Finding(check="unused-parameters", severity="error", message="unused", fix="f", evidence={
-        "ddp": 0, "case": "ddp-bypassed", "unused": ["aux.weight", "aux.bias"],
-        "iterations_without_grad": {"aux.weight": {"0": 1, "1": 1}, "aux.bias": {"0": 1, "1": 2}},
-        "relative_difference": 0.29843388736887105, "write_site": [{"file": "/a/t.py", "line": 31, "function": "main"}],
-        "batches": {"0": 11, "1": 10}, "sampler_epochs": [0, 0, 0, 0], "wait_s": 12.5, "nested": {"a": [1, {"b": 2}]}})
+    finding = Finding(check="unused-parameters", severity="error", message="unused", fix="f", evidence=Mixed(
+        unused=["aux.weight", "aux.bias"],
+        iterations_without_grad={"aux.weight": {"0": 1, "1": 1}, "aux.bias": {"0": 1, "1": 2}},
+        relative_difference=0.29843388736887105, write_site=[{"file": "/a/t.py", "line": 31, "function": "main"}],
+        batches={"0": 11, "1": 10}, sampler_epochs=[0, 0, 0, 0], wait_s=12.5, nested={"a": [1, {"b": 2}]}))
     text = rendered(report_of(finding))
     assert '{"' not in text and "ddp-bypassed" not in text and "ddp " not in text
     assert "`aux.weight`, `aux.bias`" in text

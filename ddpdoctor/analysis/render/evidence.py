@@ -1,8 +1,9 @@
 """A finding's evidence in words: human labels, rounded numbers with units, no JSON, no internal keys.
 
-Checks put whatever they measured in ``Finding.evidence`` (the JSON report keeps all of it). People
-read it through :func:`evidence_rows`: one (label, lines) row per key, each value formatted by its
-shape, so checks written later (plugins included) render well without a special case here:
+Checks put what they measured in ``Finding.evidence``, a typed record whose fields declare their label,
+unit and whether people see them (``evidence_field``; the JSON report keeps every field). People read
+it through :func:`evidence_rows`: one (label, lines) row per shown field, formatted by its declared
+unit (:data:`UNITS`) or else by the value's shape, so a plugin's plain dict renders well too:
 
 - a map keyed by rank (``{"0": 3, "1": 4}``) groups equal values: ``ranks 0, 2: 3 · rank 1: 4``;
 - a map of rank maps (per parameter, per loader) gives one line per entry;
@@ -14,8 +15,7 @@ shape, so checks written later (plugins included) render well without a special 
 - floats keep three significant digits, with the unit the key's suffix names (``_s``, ``_bytes``,
   ``_gbps``, ``_pct``); long lists are cut between items, never inside a word.
 
-:data:`LABELS` gives the built-in checks' keys their names (``None`` hides a key the message already
-says, like ``case``, or that only tools need, like fingerprints).
+A field's declaration may also name the labels and units of the keys of records nested in it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 from ddpdoctor.schema.events import InternalPhase
 from ddpdoctor.schema.findings import EvidenceRecord, FieldInfo, as_evidence
 
-__all__ = ["UNITS", "LABELS", "PHASES", "VIEW_UNITS", "RANK_STATES", "RANK_CALLS", "COLLECTIVE_TIMELINE", "DIVERGENCE",
+__all__ = ["UNITS", "PHASES", "VIEW_UNITS", "RANK_STATES", "RANK_CALLS", "COLLECTIVE_TIMELINE", "DIVERGENCE",
            "EvidenceViews", "evidence_views", "evidence_rows", "format_value", "record_text", "site_text", "ranks_text",
            "number", "size", "seconds", "call_text"]
 
@@ -243,30 +243,32 @@ def _record_lines(records: list[Any], *, depth: int = 0) -> list[str]:
 
 _PREPOSITIONS = frozenset({"at", "after", "before", "in", "on", "via", "by", "from", "to", "since", "until", "for",
                            "of", "with", "during", "into", "through"})
-# Keys whose value is data only tools read, hidden at every depth (LABELS hides more, at the top level only).
+# Keys whose value is data only tools read, hidden at every depth (a field's declaration hides more).
 RAW_KEYS = frozenset({"fingerprints", "fingerprint", "frames", "stacks", "stack", "decoded", "timeline", "calls"})
 _WHO = ("rank", "ranks")
 _WHERE_KEYS = ("site", "where", "location", "call_site")  # a call site under these names reads "at file:line"
 
 
 def _field_text(key: str, value: Any, depth: int) -> str:
-    entry = LABELS.get(key)
-    if entry and entry[1] is not None:
-        return entry[1](value)
-    return format_value(value, key, depth=depth + 1)
+    unit = _NESTED_UNITS.get().get(key)
+    fmt = UNITS.get(unit) if unit else None
+    return fmt(value) if fmt is not None else format_value(value, key, depth=depth + 1)
 
 
-# The labels of the keys of records nested in the field being rendered (FieldInfo.labels).
+# The labels and units of the keys of records nested in the field being rendered (FieldInfo.labels, .units).
 _NESTED: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("nested_labels", default={})
+_NESTED_UNITS: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("nested_units", default={})
 
 
 @contextlib.contextmanager
-def _nested_labels(labels: Mapping[str, str]) -> Iterator[None]:
-    token = _NESTED.set(labels)
+def _nested(info: FieldInfo) -> Iterator[None]:
+    """Within: the keys of records nested in this field read with the labels and units it declares."""
+    labels, units = _NESTED.set(info.labels), _NESTED_UNITS.set(info.units)
     try:
         yield
     finally:
-        _NESTED.reset(token)
+        _NESTED.reset(labels)
+        _NESTED_UNITS.reset(units)
 
 
 def record_text(record: Mapping[Any, Any], *, depth: int = 0) -> str:
@@ -349,68 +351,6 @@ def _compared(value: Any) -> str:
     return {"grads": "gradients", "params": "parameters"}.get(value, format_value(value))
 
 
-# key -> (label, formatter) or None (hidden). Keys not listed: the key in words, formatted by shape.
-LABELS: dict[str, Optional[tuple[str, Optional[Formatter]]]] = {
-    # internal codes the message says in words, or data only tools need
-    **dict.fromkeys(("case", "kind", "ddp", "optimizer", "opt", "seq", "sequence", "first_divergence", "timeline",
-                     "calls", "ranks", "rank", "fingerprints", "fingerprint", "frames", "stacks", "stack",
-                     "rank_groups", "decoded", "secondary_only", "reduction_error", "failed_ranks", "message",
-                     "exception", "basis", "source", "threshold_s", "secondary", "site", "culprit",
-                     "culprit_phase", "rank_only"), None),
-    # config-sync: `what` says every difference in words; `differs` keeps them as records for tools
-    "what": ("differs", None),
-    "differs": None,
-    "call": ("call", lambda v: f"`{v}`"),
-    "repeated_passes": ("same order as an earlier pass", lambda v: _rank_map(v, _repeats) if _is_rank_map(v)
-                        else format_value(v)),
-    "never_ran": ("never ran it", ranks_text),
-    "collectives_from_line": ("collectives from that line", None),
-    "relative_difference": ("relative difference", percent),
-    "parameter": ("parameter", lambda v: f"`{v}`"),
-    "buffer": ("buffer", lambda v: f"`{v}`"),
-    "compared": ("compared", _compared),
-    "step": ("optimizer step", None),
-    "last_step": ("last optimizer step", None),
-    "unused": ("unused parameters", _names),
-    "never_used": ("never used", _names),
-    "crashed_ranks": ("crashed", lambda v: ranks_text(v) if v else "no rank"),
-    "iterations_without_grad": ("iterations without a gradient", None),
-    "iterations_observed": ("iterations observed", None),
-    "write_site": ("written at", site_text),
-    "read_site": ("read at", site_text),
-    "collective_site": ("collective at", site_text),
-    "writer": ("writer", lambda v: f"rank {v}"),
-    "reader": ("reader", lambda v: f"rank {v}"),
-    "writer_collectives_after_write": ("writer's collectives when the save returned", None),
-    "reader_collectives_before_read": ("reader's collectives before the load", None),
-    "writes": ("saves per rank", None),
-    "paths": ("paths", None),
-    "bytes": ("size", size),
-    "batches": ("batches per rank", None),
-    "loader": ("loader", None),
-    "pass": ("pass", None),
-    "sampler_epochs": ("sampler epoch in each pass", None),
-    "identical_order": ("same order every pass", None),
-    "broadcast_buffers": ("broadcast_buffers", None),
-    "forward": ("training forward", None),
-    "timeout_s": ("timeout", seconds),
-    "exitcode": ("exit code", None),
-    "signal": ("signal", None),
-    "min_busbw_gbps": ("required bus bandwidth", lambda v: f"{number(v)} GB/s"),
-    "num_uneven_passes": ("uneven passes", None),
-    "never_called_by": ("never called by", ranks_text),
-    "called_by": ("called by", ranks_text),
-    "optimizer_steps": ("optimizer steps", None),
-    "steps_compared": ("steps compared", None),
-    "processes": ("processes", None),
-    "num_padding_duplicates": ("padding duplicates", None),
-    "padding_examples": ("examples", None),
-    "num_unseen": ("samples no rank drew", None),
-    "expected_unseen": ("expected", None),
-    "sampler_num_replicas": ("sampler num_replicas", None),
-    "world_size": ("world size", None),
-    "devices": ("devices per rank", None),
-}
 
 
 _UNIT_SUFFIXES = ("_s", "_bytes", "_gbps", "_pct")
@@ -438,9 +378,6 @@ def _label_of(key: Any) -> str:
     nested = _NESTED.get().get(name)
     if nested:
         return nested
-    entry = LABELS.get(name)
-    if entry:
-        return entry[0]
     for suffix in _UNIT_SUFFIXES:
         if name.endswith(suffix) and len(name) > len(suffix):
             name = name[: -len(suffix)]
@@ -456,29 +393,19 @@ def evidence_rows(evidence: Union[EvidenceRecord, Mapping[str, Any]], *,
     parameter) or a rank map of records give one line per item; anything else one line."""
     rows: list[tuple[str, list[str]]] = []
     for key, value, info in as_evidence(evidence).rows():
-        info = _untyped_info(key, info)
         if info.hidden or _absent(value) or key in RAW_KEYS:
             continue
         label = info.label or _label_of(key)
-        fmt = UNITS.get(info.unit) if info.unit else _LEGACY_FORMATTERS.get(key)
+        fmt = UNITS.get(info.unit) if info.unit else None
         if fmt is not None:
             lines = [fmt(value)]
         else:
-            with _nested_labels(info.labels):
+            with _nested(info):
                 lines = _lines(value, key)
         rows.append((label, lines))
         if len(rows) >= limit:
             break
     return rows
-
-
-def _untyped_info(key: str, info: FieldInfo) -> FieldInfo:
-    """TRANSITIONAL, until every built-in check's evidence is typed: a dict key's label from LABELS
-    (and the unit of a view, from _VIEW_KEYS)."""
-    if info != FieldInfo() or key not in LABELS:
-        return info
-    entry = LABELS[key]
-    return FieldInfo(hidden=True, unit=_VIEW_KEYS.get(key)) if entry is None else FieldInfo(label=entry[0])
 
 
 # Units of evidence fields the terminal and the HTML page draw as pictures, not rows (declare them
@@ -490,11 +417,6 @@ RANK_CALLS = "rank-calls"
 COLLECTIVE_TIMELINE = "collective-timeline"
 DIVERGENCE = "divergence"
 VIEW_UNITS = frozenset({RANK_STATES, RANK_CALLS, COLLECTIVE_TIMELINE, DIVERGENCE})
-
-# TRANSITIONAL: the keys of a plain dict's views (a report saved by an older build, a plugin's dict).
-_VIEW_KEYS = {"ranks": RANK_STATES, "calls": RANK_CALLS, "timeline": COLLECTIVE_TIMELINE,
-              "first_divergence": DIVERGENCE}
-
 
 @dataclass(frozen=True)
 class EvidenceViews:
@@ -512,9 +434,8 @@ def evidence_views(evidence: Union[EvidenceRecord, Mapping[str, Any]]) -> Eviden
     record = as_evidence(evidence)
     keys: dict[str, str] = {}
     for key, _, info in record.rows():
-        unit = _untyped_info(key, info).unit
-        if unit in VIEW_UNITS:
-            keys.setdefault(unit, key)
+        if info.unit in VIEW_UNITS:
+            keys.setdefault(info.unit, key)
     if not keys:
         return EvidenceViews()
     data = record.to_json()
@@ -527,9 +448,6 @@ def evidence_views(evidence: Union[EvidenceRecord, Mapping[str, Any]]) -> Eviden
     return EvidenceViews(states=mapping(RANK_STATES), calls=mapping(RANK_CALLS), timeline=mapping(COLLECTIVE_TIMELINE),
                          divergence=divergence if isinstance(divergence, int) and not isinstance(divergence, bool)
                          else None)
-
-
-_LEGACY_FORMATTERS: dict[str, Formatter] = {k: v[1] for k, v in LABELS.items() if v is not None and v[1] is not None}
 
 
 def _lines(value: Any, key: str) -> list[str]:
