@@ -11,7 +11,7 @@ import contextlib
 import gc
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from ddpdoctor.schema.events import Event, InitProcessGroup, ProcessStart, Step, event_from_json
 from ddpdoctor.schema.fingerprints import intern
@@ -191,6 +191,7 @@ def parse_lines(lines: Iterable[str], pool: Optional[dict[str, str]] = None) -> 
     return events
 
 
+_loads: Callable[[Union[str, bytes]], Any]
 try:
     from orjson import loads as _loads  # several times faster than the standard library on evidence
 except ImportError:  # pragma: no cover - orjson is a dependency; the standard library still works
