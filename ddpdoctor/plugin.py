@@ -21,8 +21,31 @@ The analyzer, ``analyze(evidence: Evidence) -> CheckResult``, must be a pure fun
 evidence: every rank's typed events (``evidence.events(Kind)`` yields ``(rank, event)``) and what
 the supervisor observed (``evidence.outcome``, ``evidence.world_size``, ...). Return
 ``CheckResult(findings=[Finding(check=ID, severity="error" | "warning" | "info", message=..., fix=...,
-ranks=(...), location=Location(file, line))], summary="...")``, or ``applicable=False`` when there
-was nothing to check. An analyzer that raises is reported as a crashed check.
+ranks=(...), location=Location(file, line), evidence=...)], summary="...")``, or ``applicable=False``
+when there was nothing to check. An analyzer that raises is reported as a crashed check.
+
+A finding's ``evidence`` is best a typed record, a frozen dataclass deriving from
+:class:`EvidenceRecord` whose fields say how people read them, declared once beside the field::
+
+    @dataclass(frozen=True)
+    class Drift(EvidenceRecord):
+        layer: str = evidence_field(default="", unit="code")
+        growth: float = evidence_field(default=0.0, label="growth per step", unit="fraction")
+        ranks: list[int] = evidence_field(default_factory=list, hidden=True)
+
+    CHECK = Check(..., evidence=(Drift,))
+
+Every renderer uses those labels and units (``s``, ``bytes``, ``fraction``, ``ranks``, ``code``,
+``site``...; see ddpdoctor.analysis.render.evidence.UNITS), the JSON report holds the record's
+fields, and a saved report reads it back typed. A plain dict still works: its keys read by the shape
+of their values (``kind`` and ``case`` hidden).
+
+A check can be the root cause of other checks' findings, which then appear under it as its
+consequences: ``Check(explains=(Explains(name, symptom, cause=..., priority=...),))``, where
+``symptom(finding, cause_finding)`` recognises a symptom by the kind of its evidence, never by a check
+id: the kinds in ddpdoctor.analysis.symptoms (:class:`RankFailed`, :class:`CollectivesUnmatched`,
+:class:`ReplicasDiverged`, ...). A record that inherits a kind can be explained by any check that
+explains that kind, built-in or not.
 
 Evidence no built-in probe records comes from the check's own in-rank probe, named by
 ``Check(probe="myplugin:install")``. Every rank calls ``install(rec: Recorder)`` after the built-in
@@ -44,10 +67,12 @@ check incomplete. ``tests/plugin_example`` in the ddpdoctor repository is a comp
 
 from __future__ import annotations
 
-from ddpdoctor.analysis.api import CHECK_API_VERSION, Check, CheckResult, Finding, Location, Severity
+from ddpdoctor.analysis import symptoms
+from ddpdoctor.analysis.api import (CHECK_API_VERSION, Check, CheckResult, EvidenceRecord, Explains, Finding, Location,
+                                    Severity, evidence_field)
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import Event, register_event
 
 __all__ = ["CHECK_API_VERSION", "Check", "CheckResult", "Finding", "Location", "Severity", "Evidence", "Recorder",
-           "Event", "register_event"]
+           "Event", "register_event", "EvidenceRecord", "evidence_field", "Explains", "symptoms"]
