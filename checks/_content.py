@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from ddpdoctor.analysis import content, facts
 from ddpdoctor.analysis.api import EvidenceRecord, Finding, Location, evidence_field
@@ -503,8 +503,8 @@ def _rows_repeat(evidence: Evidence, involved: list, ranks: set[int]) -> bool:
     return True
 
 
-def _identical_samples_finding(check: str, key: str, loader: Optional[str], site: list, same: list[int], num_common: int,
-                               ranks: set[int]) -> Finding:
+def _identical_samples_finding(check: str, key: str, loader: Optional[str], site: list, same: list[int],
+                               num_common: int, ranks: set[int]) -> Finding:
     num_same = len(same)
     where = f"the DataLoader at {loader.rsplit('/', 1)[-1]}" if loader else "the DataLoader"
     return Finding(
@@ -580,10 +580,10 @@ def overlap_findings(check: str, evidence: Evidence) -> tuple[list[Finding], int
 
 
 def repeated_order_findings(check: str, evidence: Evidence) -> list[Finding]:
-    """set-epoch's findings (``check``: its id) from content: an IterableDataset's training passes that repeat the previous pass's
-    samples in the same order. A warning where the dataset shows it means to reshuffle (it defines
-    set_epoch but its epoch never moved, or it says it shuffles); a fixed order may be intended
-    otherwise (a stream in its natural order): info."""
+    """set-epoch's findings (``check``: its id) from content: an IterableDataset's training passes
+    that repeat the previous pass's samples in the same order. A warning where the dataset shows it
+    means to reshuffle (it defines set_epoch but its epoch never moved, or it says it shuffles); a
+    fixed order may be intended otherwise (a stream in its natural order): info."""
     ddp_job = bool(facts.ddp.wraps(evidence))
     per_loader: dict[str, dict[int, list[Stream]]] = {}
     for (source, key, _, _), streams in content_streams(evidence).items():

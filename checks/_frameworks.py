@@ -39,7 +39,8 @@ _FIXES: dict[str, dict[str, str]] = {
     "needless-find-unused": {
         "transformers": ("Pass `ddp_find_unused_parameters=False` in TrainingArguments (`--ddp_find_unused_parameters "
                          "False`): the Trainer turns it on by default unless gradient checkpointing is enabled."),
-        "accelerate": "Drop `find_unused_parameters=True` from the DistributedDataParallelKwargs you pass to Accelerator.",
+        "accelerate": ("Drop `find_unused_parameters=True` from the DistributedDataParallelKwargs you pass to "
+                       "Accelerator."),
         "lightning": "Use `strategy=\"ddp\"` instead of `strategy=\"ddp_find_unused_parameters_true\"`.",
         "fabric": "Drop `find_unused_parameters=True` from the DDPStrategy you pass to Fabric.",
     },

@@ -90,7 +90,8 @@ def analyze(evidence: Evidence) -> CheckResult:
             else:
                 severity = "error"
                 message = (f"buffer `{name}` differs across ranks at training forward {forward} although DDP "
-                           "broadcasts buffers: something rewrites it on some ranks between DDP's broadcast and the forward")
+                           "broadcasts buffers: something rewrites it on some ranks between DDP's broadcast and the "
+                           "forward")
                 fix = "Update buffers identically on every rank, or only inside the module's forward."
             finding = Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks),
                               location=Location.from_site(wrap.site if wrap else None),

@@ -593,7 +593,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     total = sum(len(t.entries) for t in traces.values())
     mismatch = collective_mismatch(evidence) or subgroup_mismatch(evidence)
     if mismatch is not None:
-        return CheckResult(findings=[_mismatch_finding(mismatch, traces)], summary=f"collective #{mismatch.n} mismatched")
+        return CheckResult(findings=[_mismatch_finding(mismatch, traces)],
+                           summary=f"collective #{mismatch.n} mismatched")
     orphan = _orphaned_collective(evidence)
     if orphan is not None:
         return CheckResult(findings=[orphan], summary="a collective had no partner")
@@ -601,6 +602,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[stall] if stall else [], summary=f"{total} collectives matched across ranks")
 
 
-CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS, order=60, probes=('collectives', 'watchdog', 'flight-recorder', 'flight-recorder-missing'),
+CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS, order=60,
+              probes=('collectives', 'watchdog', 'flight-recorder', 'flight-recorder-missing'),
               evidence=(NoProgress, Hung, Orphaned, Mismatched, Stalled), explains=EXPLAINS,
               sources=frozenset({RUN, POSTMORTEM}))

@@ -235,7 +235,8 @@ def _shown(raw: dict[int, object]) -> dict[int, str]:
     return short
 
 
-def _mode_site(evidence: Evidence, groups: list[list[int]], states: dict, ddp: str, n: int) -> tuple[Optional[Location], Optional[dict]]:
+def _mode_site(evidence: Evidence, groups: list[list[int]], states: dict, ddp: str,
+               n: int) -> tuple[Optional[Location], Optional[dict]]:
     """The train()/eval() call that put the ranks with modules in eval mode there, before step n."""
     for group in groups:
         rank = group[0]
@@ -253,7 +254,8 @@ def _mode_site(evidence: Evidence, groups: list[list[int]], states: dict, ddp: s
     return None, None
 
 
-def _write_site(evidence: Evidence, groups: list[list[int]], opt: int, key: str, n: int) -> tuple[Optional[Location], Optional[dict]]:
+def _write_site(evidence: Evidence, groups: list[list[int]], opt: int, key: str,
+                n: int) -> tuple[Optional[Location], Optional[dict]]:
     """The write of a param-group value that some ranks made and the others did not, before step n."""
     index, _, name = key.partition(":")
     per_rank = {}
@@ -363,7 +365,8 @@ def _state_restored_on_some_ranks(evidence: Evidence) -> Optional[Finding]:
         loader = infos[restored[0]]
         location = Location.from_site(loader.loaded_at)
         built = Location.from_site(loader.built_at or loader.site)
-        name = f"the {loader.type_name} built at {short_site(built)}" if built else f"optimizer {opt} ({loader.type_name})"
+        name = (f"the {loader.type_name} built at {short_site(built)}" if built
+                else f"optimizer {opt} ({loader.type_name})")
         message = (f"{name} starts from different states on different ranks: "
                    f"{_ranks(restored)} restored it with `load_state_dict` at {short_site(location)} "
                    f"({_state_text(loader)}), {_ranks(fresh)} did not ({_state_text(infos[fresh[0]])}), so the same "
@@ -435,5 +438,6 @@ def _fix(kinds: set[str]) -> str:
     return " ".join(fixes) or "Make every rank build and configure the model and the optimizer identically."
 
 
-CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS, order=130, probes=('optimizer', 'config'),
+CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS, order=130,
+              probes=('optimizer', 'config'),
               evidence=(StateRestored, SettingsDiffer), explains=EXPLAINS)

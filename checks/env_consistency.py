@@ -222,6 +222,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary=summary)
 
 
-CHECK = Check(id=ID, title="every rank runs the same environment", analyze=analyze, docs=DOCS, order=110, probes=('environment',),
+CHECK = Check(id=ID, title="every rank runs the same environment", analyze=analyze, docs=DOCS, order=110,
+              probes=('environment',),
               evidence=(VersionsDiffer, NcclVariablesDiffer, SharedGpu), explains=EXPLAINS,
               sources=frozenset({RUN, ENVIRONMENT}))

@@ -101,7 +101,8 @@ class ConvertedAfterWrap(Diverged):
     """The wrapped model converted or moved after wrapping: each call, where, after which step."""
 
     discriminator = {"case": Case.CONVERTED_AFTER_WRAP.value}
-    conversions: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})  # [{call, at, after_step}]
+    # [{call, at, after_step}]
+    conversions: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,8 @@ class DeviceRoundTrip(EvidenceRecord, ReplicasDiverged):
 
     discriminator = {"case": Case.DEVICE_ROUND_TRIP.value}
     case: str = evidence_field(hidden=True, default=Case.DEVICE_ROUND_TRIP.value)
-    moves: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})  # [{call, at, after_step}]
+    # [{call, at, after_step}]
+    moves: list[dict[str, Any]] = evidence_field(default_factory=list, units={"call": "code"})
 
 
 def _not_wrapped(finding: Finding) -> bool:
@@ -285,8 +287,10 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
     """The case of gradients that differ across ranks, with its explanation and fix."""
     ranks = sorted(div.events)
     if not facts.ddp.wraps(evidence):
-        return _Case(Case.NOT_WRAPPED, "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
-                     "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train through it.")
+        return _Case(Case.NOT_WRAPPED,
+                     "the model is not wrapped in DistributedDataParallel, so gradients are never averaged",
+                     "Wrap the model: `model = DistributedDataParallel(model)` after init_process_group, and train "
+                     "through it.")
     conversions = _conversions(evidence, ranks, {r: e.step for r, e in div.events.items()})
     if conversions:
         calls = " and ".join(_call(c) for c in conversions[:3])
@@ -302,7 +306,8 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
         first = rewraps[0]
         wraps = facts.ddp.wraps(evidence)
         first_at = _wrap_site(evidence, first.previous)
-        again_at = Location.from_site(next(iter(wraps.get(first.ddp, {}).values())).site) if wraps.get(first.ddp) else None
+        again_at = (Location.from_site(next(iter(wraps.get(first.ddp, {}).values())).site) if wraps.get(first.ddp)
+                    else None)
         wrappers = 1 + len({e.ddp for e in rewraps if e.rank == first.rank})
         where = (f"at {short_site(first_at)}" if first_at == again_at
                  else f"first at {short_site(first_at)}, again at {short_site(again_at)}")
@@ -318,7 +323,8 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
                                              "wrapped_again": again_at.to_json() if again_at else None,
                                              "bare_forward": bypass_at.to_json() if bypass_at else None}, Rewrapped)
     if not in_ddp:
-        return _Case(Case.OUTSIDE_DDP, "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
+        return _Case(Case.OUTSIDE_DDP,
+                     "this parameter is not part of any DDP-wrapped module, so its gradient is never averaged",
                      "Put every trained module inside the model you wrap with DistributedDataParallel.")
     key = str(ddp_index)
     windows = [e.forwards[key] for e in div.events.values() if key in e.forwards]
@@ -326,18 +332,25 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
     unsynced = sum(w.get("unsynced", 0) for w in windows)
     inner = sum(w.get("inner", 0) for w in windows)
     if synced == 0 and unsynced > 0:
-        return _Case(Case.STEP_IN_NO_SYNC, "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
-                     "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, then step.")
+        return _Case(Case.STEP_IN_NO_SYNC,
+                     "the optimizer stepped after backward passes run inside `no_sync()`; no all-reduce happened",
+                     "Inside `no_sync()` only accumulate; run the last micro-batch's forward/backward outside it, "
+                     "then step.")
     if inner > synced + unsynced:
         canonical = facts.ddp.canonical(evidence).get(ddp_index, ddp_index)
         location, _ = _first_site(evidence, DDPBypass, ranks, ddp=canonical)
-        return _Case(Case.DDP_BYPASSED, "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's gradient hooks",
-                     "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.", location or bypass_at)
+        return _Case(Case.DDP_BYPASSED,
+                     "the forward pass called the wrapped module directly (`model.module(...)`), bypassing DDP's "
+                     "gradient hooks",
+                     "Call the DDP wrapper itself: `output = model(inputs)`, not `model.module(inputs)`.",
+                     location or bypass_at)
     wraps = facts.ddp.wraps(evidence).get(ddp_index, {})
     tolerant = any(w.find_unused_parameters or w.static_graph for w in wraps.values())
     unused = any(u.unused for u in facts.ddp.usage(evidence).get(ddp_index, {}).values())
     if unused and not tolerant:
-        return _Case(Case.REDUCTION_INCOMPLETE, "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see unused-parameters)",
+        return _Case(Case.REDUCTION_INCOMPLETE,
+                     "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see "
+                     "unused-parameters)",
                      "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
     reduced = _reduced(div)
     if reduced is not None and len(group_by_value(reduced)) > 1:
@@ -349,7 +362,8 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
         why += f" ({fmt_ranks(touched)} changed gradients between the end of DDP's all-reduce and the step)"
         extra = {"changed_after_all_reduce": {str(r): div.events[r].touched for r in touched}}
     return _Case(Case.MODIFIED_AFTER_BACKWARD, why,
-                 "Modify gradients (clipping, scaling, masking) identically on every rank, after backward and before step.",
+                 "Modify gradients (clipping, scaling, masking) identically on every rank, after backward and "
+                 "before step.",
                  extra=extra, record=ChangedAfterBackward)
 
 
@@ -363,7 +377,8 @@ def _frozen_case(evidence: Evidence, div: Divergence, ddp_index: int) -> _Case:
     unfrozen_at = Location.from_site(unfreezes[0].site) if unfreezes else None
     how = (f" and made trainable later (`{unfreezes[0].call}` at {short_site(unfrozen_at)})" if unfreezes
            else " and made trainable later")
-    why = (f"it was frozen (requires_grad=False) when DistributedDataParallel was built (at {short_site(wrap_at)}){how}: "
+    why = (f"it was frozen (requires_grad=False) when DistributedDataParallel was built "
+           f"(at {short_site(wrap_at)}){how}: "
            f"DDP's reducer only takes the parameters that require grad at construction, so this one's gradients are "
            f"never averaged across ranks")
     fix = ("Freeze after wrapping: build DDP over the whole model with `find_unused_parameters=True` (frozen "
@@ -481,7 +496,8 @@ def _round_trip(evidence: Evidence) -> Optional[Finding]:
     if pair is None:
         return None
     off, back = pair
-    message = (f"the DDP-wrapped model is moved off the GPU and back after wrapping ({_call(off)}, then {_call(back)}): "
+    message = (f"the DDP-wrapped model is moved off the GPU and back after wrapping "
+               f"({_call(off)}, then {_call(back)}): "
                f"on a GPU that gives every parameter new storage while DDP's gradient hooks and buckets keep the old "
                f"tensors, so the gradients stop being averaged and the replicas drift apart. The CUDA simulation of "
                f"this CPU-only run makes both moves no-ops, which is why the gradients still agree here")
@@ -527,8 +543,9 @@ def analyze(evidence: Evidence) -> CheckResult:
     else:
         case = Case.PARAMS_MODIFIED
         evidence_out = Diverged(case=case, **common)
-        message = (f"gradients were identical but parameter `{name}` differs across ranks after optimizer step {div.step}: "
-                   "the weights were changed outside the optimizer, or the optimizer is configured differently, on some ranks")
+        message = (f"gradients were identical but parameter `{name}` differs across ranks after optimizer step "
+                   f"{div.step}: the weights were changed outside the optimizer, or the optimizer is configured "
+                   "differently, on some ranks")
         fix = ("Change weights only through the optimizer, or identically on every rank; give every rank the same "
                "optimizer settings; load checkpoints on every rank before wrapping with DDP.")
     severity = "error"
@@ -553,6 +570,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[finding], summary=f"replicas diverge at step {div.step} ({fmt_ranks(ranks)}){sampled}")
 
 
-CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS, order=10, probes=('ddp', 'optimizer', 'wrapping'),
+CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS, order=10,
+              probes=('ddp', 'optimizer', 'wrapping'),
               evidence=(ConvertedAfterWrap, Rewrapped, ChangedAfterBackward, FrozenAtWrap, CommHookDiffers,
                         AllReduceDiffers, PeriodicAveraging, DeviceRoundTrip, Diverged), explains=EXPLAINS)

@@ -203,5 +203,6 @@ def analyze(evidence: Evidence) -> CheckResult:
         evidence=NoDdp(optimizer_steps=len(steps)))])
 
 
-CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS, order=100, probes=('data_parallel',),
+CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS, order=100,
+              probes=('data_parallel',),
               evidence=(NoProcessGroup, NoTraining, AveragedByHand, NoDdp, DataParallelWrapped), explains=EXPLAINS)

@@ -515,5 +515,6 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary="the optimizers step every parameter the DDP models train")
 
 
-CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140, probes=('optimizer', 'config'),
+CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140,
+              probes=('optimizer', 'config'),
               evidence=(WeightsRestored, BelowPrecision, NeverChange, NotStepped))

@@ -174,7 +174,8 @@ def _identical_copies(evidence: Evidence, saves: list[tuple[int, Save]], world_s
                 check=ID, severity="warning", ranks=tuple(sorted(per_rank)), location=_loc(first),
                 message=(f"every rank saved its own copy of identical state ({len(per_rank)} files, e.g. "
                          f"{first.path}): {len(per_rank)}x the I/O for one checkpoint"),
-                fix=frameworks.fix(evidence, "save", "Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier()."),
+                fix=frameworks.fix(evidence, "save",
+                                   "Save once, on rank 0 (`if dist.get_rank() == 0:`), then dist.barrier()."),
                 evidence=IdenticalCopies(paths={str(r): e.path for r, e in sorted(per_rank.items())},
                                          fingerprint=first.fingerprint),
             )]
@@ -281,11 +282,13 @@ def analyze(evidence: Evidence) -> CheckResult:
     findings += _unordered_reads(evidence, by_path, loads)
     findings += _map_location(evidence, loads)
     findings += _module_prefix(saves)
-    summary = f"{len(saves)} save(s), {len(loads)} load(s)" + (f", {len(dcp_calls)} distributed-checkpoint call(s)" if dcp_calls else "")
+    summary = (f"{len(saves)} save(s), {len(loads)} load(s)"
+               + (f", {len(dcp_calls)} distributed-checkpoint call(s)" if dcp_calls else ""))
     bad = [f for f in findings if f.severity != "info"]
     return CheckResult(findings=findings, summary=("problems: " if bad else "") + summary)
 
 
-CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS, order=80, probes=('collectives', 'checkpoint'),
+CHECK = Check(id=ID, title="rank-0-only checkpointing", analyze=analyze, docs=DOCS, order=80,
+              probes=('collectives', 'checkpoint'),
               evidence=(SavedFromWrapper, LoadedWithoutMapLocation, SeveralWriters, IdenticalCopies, UnorderedRead),
               explains=EXPLAINS)

@@ -133,7 +133,8 @@ def _unfinished(evidence: Evidence) -> Optional[Finding]:
         check=ID, severity="error", ranks=tuple(sorted(evidence.ranks)), location=None,
         message=f"the job did not finish within --timeout {evidence.observations.timeout_s or 0:g}s and was "
                 f"stopped ({steps or 'no rank reported'})",
-        fix="Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they wait.",
+        fix=("Raise --timeout if the job is just slow; if ranks stalled, run with --hang-timeout to see where they "
+             "wait."),
         evidence=TimedOut(ranks=where, timeout_s=evidence.observations.timeout_s))
 
 
@@ -175,13 +176,13 @@ def _teardown_abort(aborts: dict[int, str]) -> CheckResult:
     signals = ", ".join(sorted(set(aborts.values())))
     finding = Finding(
         check=ID, severity="warning", ranks=tuple(ranks), location=None,
-        message=(f"{fmt_ranks(ranks)} {'was' if len(ranks) == 1 else 'were'} killed by {signals} after the script had "
-                 "finished cleanly: torch crashed in its own teardown (gloo's worker threads still releasing a finished "
-                 "collective while the interpreter exits: \"terminate called without an active exception\"). Every "
-                 "check above judged a complete run, but torchrun reports the job as failed"),
-        fix=("Nothing in the training is wrong: this is a race in torch's gloo backend at interpreter exit (ddpdoctor's "
-             "bootstrap waits for those threads, so it is rare under ddpdoctor and more frequent under plain torchrun). "
-             "Rerun where the exit code matters."),
+        message=(f"{fmt_ranks(ranks)} {'was' if len(ranks) == 1 else 'were'} killed by {signals} after the script "
+                 "had finished cleanly: torch crashed in its own teardown (gloo's worker threads still releasing a "
+                 "finished collective while the interpreter exits: \"terminate called without an active "
+                 "exception\"). Every check above judged a complete run, but torchrun reports the job as failed"),
+        fix=("Nothing in the training is wrong: this is a race in torch's gloo backend at interpreter exit "
+             "(ddpdoctor's bootstrap waits for those threads, so it is rare under ddpdoctor and more frequent under "
+             "plain torchrun). Rerun where the exit code matters."),
         evidence=TeardownAbort(signals={str(r): s for r, s in sorted(aborts.items())}))
     return CheckResult(findings=[finding], summary=f"{fmt_ranks(ranks)} crashed in torch's teardown after finishing")
 
@@ -198,7 +199,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         if unfinished is not None:
             return CheckResult(findings=[unfinished], summary=unfinished.message.split(":")[0])
         if evidence.stop is not None and evidence.stop.reason == "interrupted":
-            return CheckResult(summary=f"no rank failed before {evidence.stop.signal or 'the signal'} interrupted the run")
+            return CheckResult(
+                summary=f"no rank failed before {evidence.stop.signal or 'the signal'} interrupted the run")
         aborts = facts.failures.teardown_aborts(evidence)
         if aborts:
             return _teardown_abort(aborts)
@@ -243,6 +245,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=[finding], summary=summary)
 
 
-CHECK = Check(id=ID, title="every rank finished", analyze=analyze, docs=DOCS, order=90, probes=("flight-recorder-missing",),
+CHECK = Check(id=ID, title="every rank finished", analyze=analyze, docs=DOCS, order=90,
+              probes=("flight-recorder-missing",),
               evidence=(TimedOut, TeardownAbort, Failed), explains=EXPLAINS,
               sources=frozenset({RUN, ENVIRONMENT, POSTMORTEM}))

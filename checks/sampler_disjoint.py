@@ -263,7 +263,8 @@ def _fix_for(sampler: SamplerInfo, world_size: int) -> str:
     if sampler.num_replicas not in (None, world_size):
         return (f"Leave `num_replicas` and `rank` at their defaults (the process group's world size {world_size} "
                 "and rank), or pass dist.get_world_size() and dist.get_rank().")
-    return "Use the same `seed` on every rank: `DistributedSampler(dataset, seed=SEED)` with SEED not depending on the rank."
+    return ("Use the same `seed` on every rank: `DistributedSampler(dataset, seed=SEED)` with SEED not depending on "
+            "the rank.")
 
 
 def _purpose(events: dict[int, LoaderPass], ddp_job: bool) -> str:
@@ -309,8 +310,8 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
         evidence = SharedSamples(**base, num_shared=len(shared), shared_examples=shared[:10].tolist())
         if not is_train and everyone_everything:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
-                           message=(f"every rank iterated all {drawn_sets.union} samples of {loader_name} (pass {key[1]}): "
-                                    "the evaluation is repeated on each rank rather than sharded"),
+                           message=(f"every rank iterated all {drawn_sets.union} samples of {loader_name} "
+                                    f"(pass {key[1]}): the evaluation is repeated on each rank rather than sharded"),
                            fix="Shard evaluation with DistributedSampler(dataset, shuffle=False) and all_reduce the "
                                "metric sums, or evaluate on rank 0 only.")
         severity = "error" if is_train else "warning"
@@ -320,7 +321,8 @@ def _analyze_pass(key: tuple[str, int], events: dict[int, LoaderPass], world_siz
                        fix=_fix_for(sampler, world_size))
     if len(shared):
         evidence = PaddingDuplicates(**base, num_padding_duplicates=len(shared), padding_examples=shared[:10].tolist())
-        who = "DistributedSampler" if sampler.distributed and not wraparound else f"the sampler ({_sampler_name(sampler)})"
+        who = ("DistributedSampler" if sampler.distributed and not wraparound
+               else f"the sampler ({_sampler_name(sampler)})")
         if is_train:
             return Finding(check=ID, severity="info", ranks=ranks, location=location, evidence=evidence,
                            message=(f"{who} padded {loader_name} with {len(shared)} repeated samples so "
@@ -404,5 +406,6 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(findings=findings, summary=summary + (f" ({fmt_ranks(worst[0].ranks)})" if worst else ""))
 
 
-CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS, order=30, probes=('ddp', 'data', 'content'),
+CHECK = Check(id=ID, title="DistributedSampler shards disjoint", analyze=analyze, docs=DOCS, order=30,
+              probes=('ddp', 'data', 'content'),
               evidence=(*_INDEX_EVIDENCE, *OVERLAP_EVIDENCE), explains=EXPLAINS)

@@ -19,7 +19,8 @@ ID = "set-epoch"
 DOCS = """\
 ## What it does
 Watches every training pass (one with optimizer steps) over a DataLoader whose sampler is a
-shuffling `DistributedSampler` and records the sampler's epoch at the start of the pass. Two or more passes with the same epoch mean
+shuffling `DistributedSampler` and records the sampler's epoch at the start of the pass. \
+Two or more passes with the same epoch mean
 `sampler.set_epoch(epoch)` was not called each epoch.
 An `IterableDataset` has no sampler to watch: there, two consecutive training passes that feed
 exactly the same samples in exactly the same order (by content fingerprint) mean the stream is

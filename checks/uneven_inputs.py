@@ -137,7 +137,8 @@ def _training_passes(evidence: Evidence) -> dict[str, dict[int, list[LoaderPass]
     return out
 
 
-def _uneven_passes(evidence: Evidence, crashed: set[int]) -> list[tuple[tuple[str, int], dict[int, LoaderPass], dict[int, int]]]:
+def _uneven_passes(evidence: Evidence,
+                   crashed: set[int]) -> list[tuple[tuple[str, int], dict[int, LoaderPass], dict[int, int]]]:
     """((loader, training pass), rank -> pass, rank -> batches) of every training pass whose batch
     counts differ across the ranks that made it."""
     found = []
@@ -266,5 +267,6 @@ def _counts(counts: dict[int, int]) -> str:
     return ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
 
 
-CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS, order=70, probes=('ddp', 'optimizer', 'data', 'join'),
+CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS, order=70,
+              probes=('ddp', 'optimizer', 'data', 'join'),
               evidence=(Joined, Uneven), explains=EXPLAINS)

@@ -140,7 +140,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         if not tolerant:
             if unused_count or crash_ranks:
                 unused_names = _names(unused_count, names)
-                crashed = f"; DDP then raised \"{REDUCTION_ERRORS[0]}\" on {fmt_ranks(crash_ranks)}" if crash_ranks else ""
+                crashed = (f"; DDP then raised \"{REDUCTION_ERRORS[0]}\" on {fmt_ranks(crash_ranks)}" if crash_ranks
+                           else "")
                 listed = ", ".join(f"`{n}`" for n in unused_names[:10]) or "some parameters"
                 findings.append(Finding(
                     check=ID, severity="error", location=location,
@@ -176,7 +177,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         if always:
             findings.append(Finding(
                 check=ID, severity="warning", ranks=ranks, location=location,
-                message=f"{', '.join(f'`{n}`' for n in _names(dict.fromkeys(always), names)[:10])} never got a gradient on any rank",
+                message=(f"{', '.join(f'`{n}`' for n in _names(dict.fromkeys(always), names)[:10])} never got a "
+                         "gradient on any rank"),
                 fix="Remove these parameters or freeze them with requires_grad_(False) before wrapping with DDP.",
                 evidence=NeverUsed(ddp=ddp_index, never_used=_names(dict.fromkeys(always), names)),
             ))

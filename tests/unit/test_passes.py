@@ -39,7 +39,8 @@ def test_a_rank_only_peek_pairs_with_nothing_of_another_epoch():
     # rank 0 peeks twice per epoch, rank 1 once
     numbers = pair([(0, "L", 0, "partial", 0), (0, "L", 1, "partial", 0), (0, "L", 2, "train", 0),
                     (0, "L", 3, "partial", 1), (0, "L", 4, "partial", 1), (0, "L", 5, "train", 1),
-                    (1, "L", 0, "partial", 0), (1, "L", 1, "train", 0), (1, "L", 2, "partial", 1), (1, "L", 3, "train", 1)])
+                    (1, "L", 0, "partial", 0), (1, "L", 1, "train", 0), (1, "L", 2, "partial", 1),
+                    (1, "L", 3, "train", 1)])
     assert numbers[(1, "L", 2)] == numbers[(0, "L", 3)]
     assert numbers[(0, "L", 1)] not in {numbers[(1, "L", n)] for n in range(4)}
     assert numbers[(0, "L", 5)] == numbers[(1, "L", 3)]

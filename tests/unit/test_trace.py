@@ -14,7 +14,8 @@ def _training(first: int, steps: int, *, forward_line: int = 28, backward_line: 
     events = [init_pg(numbering="pg")] if first == 1 else []
     for i in range(steps):
         n = first + 3 * i
-        events += [internal(n, 2, "ddp-forward", line=forward_line), internal(n + 2, 1, "ddp-backward", line=backward_line)]
+        events += [internal(n, 2, "ddp-forward", line=forward_line),
+                   internal(n + 2, 1, "ddp-backward", line=backward_line)]
     return events
 
 
@@ -34,7 +35,8 @@ def test_a_rank_only_ddp_forward_is_the_root_even_without_a_hang():
     result = collective_hang.analyze(evidence)
     (finding,) = result.findings
     assert finding.severity == "error" and finding.location.line == 40
-    assert finding.message.startswith("rank 0 ran a forward through the DDP wrapper at train.py:40 that rank 1 never ran")
+    assert finding.message.startswith("rank 0 ran a forward through the DDP wrapper at train.py:40 that rank 1 "
+                                      "never ran")
     assert "from collective #7 on" in finding.message
     assert finding.evidence["rank_only"] == "ddp-forward" and finding.evidence["never_ran"] == [1]
     assert "model.module(x)" in finding.fix
@@ -46,7 +48,8 @@ def test_a_user_call_against_ddp_backward_names_the_call():
     (finding,) = collective_hang.analyze(make_evidence(2, {0: rank0, 1: rank1})).findings
     assert finding.location.line == 25
     assert finding.message == ("collective #7 differs across ranks: rank 0 called all_reduce of float32[4] at "
-                               "train.py:25, rank 1 issued DDP's forward (its buffer or bucket broadcast) at train.py:28")
+                               "train.py:25, rank 1 issued DDP's forward (its buffer or bucket broadcast) at "
+                               "train.py:28")
 
 
 def test_joins_shadow_collectives_match_any_of_ddps():

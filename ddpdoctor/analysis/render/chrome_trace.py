@@ -55,7 +55,8 @@ def _step_events(rank: int, steps: list[Any], start: float, end: Optional[float]
 
         def phase(name: str, cat: str, begin: float, end: float, args: Optional[dict[str, Any]] = None) -> None:
             nonlocal cursor
-            begin, end = max(begin, cursor), min(end, t)
+            # called only within this iteration, so `t` is this step's
+            begin, end = max(begin, cursor), min(end, t)  # noqa: B023
             if end > begin:
                 events.append(_span(name, cat, rank, begin, end, args=args))
                 cursor = end

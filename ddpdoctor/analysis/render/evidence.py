@@ -120,7 +120,8 @@ def call_text(call: Mapping[str, Any]) -> str:
     """One rank's collective call: ``all_reduce of float32[4]``, or the DDP phase an internal one belongs to."""
     tensors = ", ".join(f"{t[1]}[{', '.join(map(str, t[0]))}]" for t in call.get("tensors") or []
                         if isinstance(t, list) and len(t) == 2)
-    what = call.get("op") or PHASES.get(call.get("phase") or "", str(call.get("phase") or "a collective").replace("-", " "))
+    what = call.get("op") or PHASES.get(call.get("phase") or "",
+                                        str(call.get("phase") or "a collective").replace("-", " "))
     if call.get("op") and call.get("phase") in PHASES:
         what += f" in {PHASES[call['phase']]}"
     return what + (f" of {tensors}" if tensors else "")

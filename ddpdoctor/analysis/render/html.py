@@ -94,7 +94,8 @@ def _code(location: Optional[Location], sources: Sources, *, function: Optional[
         cls = "hit" if number == found.line else "ctx"
         lines.append(f'<span class="ln">{number:>{gutter}} | </span><span class="{cls}">{escape(text)}</span>')
     start, end = underline(found.text)
-    lines.append(f'<span class="ln">{" " * gutter} | </span><span class="caret">{" " * start}{"^" * (end - start)}</span>')
+    lines.append(f'<span class="ln">{" " * gutter} | </span>'
+                 f'<span class="caret">{" " * start}{"^" * (end - start)}</span>')
     return '<pre class="code">' + "\n".join(lines) + "</pre>"
 
 

@@ -90,7 +90,8 @@ def render_junit(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
     if report.unchecked:  # ddpdoctor could not do its job: an error of the run, not a failure of a check
         errors = 1
         case = ET.SubElement(suite, "testcase", classname="ddpdoctor", name="probes")
-        ET.SubElement(case, "error", message=_clean(f"ddpdoctor could not check this job: {report.unchecked['reason']}"),
+        ET.SubElement(case, "error",
+                      message=_clean(f"ddpdoctor could not check this job: {report.unchecked['reason']}"),
                       type="not-checked")
     counts = {"tests": str(len(check_ids) + errors), "failures": str(failures), "errors": str(errors),
               "skipped": str(skipped),

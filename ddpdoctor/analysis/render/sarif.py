@@ -55,7 +55,8 @@ def _section(docs: str, heading: str) -> str:
 
 
 def _rule(check_id: str, title: str, check: Optional[Check]) -> dict[str, Any]:
-    rule: dict[str, Any] = {"id": check_id, "name": "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", check_id)),
+    rule: dict[str, Any] = {"id": check_id,
+                            "name": "".join(part.capitalize() for part in re.split(r"[^0-9A-Za-z]+", check_id)),
                   "shortDescription": {"text": check.title if check else title},
                   # ddpdoctor's checks find correctness bugs; each result still carries its own level.
                   "defaultConfiguration": {"level": "error"}}

@@ -134,7 +134,8 @@ def common_stall(timeline: Mapping[str, Any], start: float, end: float) -> Optio
     stalls = [lane["stalls"][-1] for lane in lanes if lane.get("stalls")]
     if not lanes or len(stalls) < len(lanes):
         return None
-    activity = [start] + [float(p[0]) for lane in lanes for key in ("steps", "collectives") for p in lane.get(key) or []]
+    activity = [start] + [float(p[0]) for lane in lanes for key in ("steps", "collectives")
+                          for p in lane.get(key) or []]
     activity += [float(t) + float(d) for lane in lanes for t, d, *_ in lane.get("saves") or []]
     last, b = max(activity), min(float(s[1]) for s in stalls)
     a = min(b, last + 0.25 * (last - start))  # room after the last tick for its label
@@ -237,7 +238,8 @@ def timeline_svg(timeline: Mapping[str, Any]) -> str:
         y0 = top + i * lane_h
         mid = y0 + lane_h / 2
         out.append(f'<g class="lane" data-rank="{escape(rank)}">')
-        out.append(f'<text class="rank" x="{LABEL_W - 8}" y="{_f(mid + 4)}" text-anchor="end">rank {escape(rank)}</text>'
+        out.append(f'<text class="rank" x="{LABEL_W - 8}" y="{_f(mid + 4)}" text-anchor="end">'
+                   f'rank {escape(rank)}</text>'
                    if not small or i % max(1, 16 // lane_h) == 0 else "")
         start = lane.get("start") or 0.0
         stop = (lane.get("end") or {}).get("t")
@@ -271,7 +273,8 @@ def timeline_svg(timeline: Mapping[str, Any]) -> str:
                            f'x="{_f(px - 2 if near_edge else px + 2)}" y="{_f(y0 + 9)}"'
                            f'{" text-anchor=" + chr(34) + "end" + chr(34) if near_edge else ""}>{escape(label)}</text>')
                 last_label = px + (90 if diverged else 0)
-        if divergence is not None and diverged_at and not any(n == divergence for _, n, _ in lane.get("collectives", [])):
+        if (divergence is not None and diverged_at
+                and not any(n == divergence for _, n, _ in lane.get("collectives", []))):
             made = [n for _, n, _ in lane.get("collectives", [])]
             if not made or max(made) < divergence:  # where the others called it, this rank never did
                 px = x(min(diverged_at))
@@ -285,8 +288,9 @@ def timeline_svg(timeline: Mapping[str, Any]) -> str:
         if finish and finish.get("t") is not None:
             kind = finish.get("kind")
             glyph = {"exception": "✗", "killed": "✗", "stopped": "■", "exit": "■"}.get(kind, "■")
-            cls = "crash" if kind in ("exception", "killed") or (kind == "exit" and finish.get("detail") != "exit code 0") \
-                else ("stopped" if kind == "stopped" else "exit")
+            cls = ("crash" if kind in ("exception", "killed")
+                   or (kind == "exit" and finish.get("detail") != "exit code 0")
+                   else ("stopped" if kind == "stopped" else "exit"))
             out.append(f'<text class="end {cls}" x="{_f(x(finish["t"]))}" y="{_f(mid + 5)}" text-anchor="middle">'
                        f'{glyph}<title>rank {escape(rank)}: {escape(finish.get("detail") or kind or "")} at '
                        f'{finish["t"]:.2f} s</title></text>')
@@ -342,7 +346,8 @@ def _line_chart(series: list[tuple[str, list[tuple[float, float]], str]], *, x_l
         out.append(f'<text class="axis" x="{_f(sx(tick))}" y="{height - bottom + 16}" text-anchor="middle">'
                    f'{escape(x_format(tick) if x_format else f"{tick:g}")}</text>')
     out.append(f'<line class="axisline" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}"/>')
-    out.append(f'<text class="axis" x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle">{escape(x_label)}</text>')
+    out.append(f'<text class="axis" x="{left + plot_w / 2}" y="{height - 6}" text-anchor="middle">'
+               f'{escape(x_label)}</text>')
     out.append(f'<text class="axis" x="14" y="{top + plot_h / 2}" text-anchor="middle" '
                f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>')
     for i, (name, values, color) in enumerate(series):

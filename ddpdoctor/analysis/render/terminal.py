@@ -280,8 +280,10 @@ def launch_line(launch: Mapping[str, Any]) -> Optional[str]:
                      + (f", step {scheduler['step_id']}" if scheduler.get("step_id") is not None else "")
                      + (f", {scheduler['num_tasks']} task(s)" if scheduler.get("num_tasks") else "")
                      + (f" on {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}" if nodes else ""))
-    how = {"slurm": "a task of the srun step is a rank (" + ", ".join(launch.get("exported") or []) + " set from SLURM_*)",
-           "torchrun": "inside torchrun", "environment": "inside a launch that set RANK and WORLD_SIZE"}.get(detected or "")
+    how = {"slurm": ("a task of the srun step is a rank ("
+                     + ", ".join(launch.get("exported") or []) + " set from SLURM_*)"),
+           "torchrun": "inside torchrun",
+           "environment": "inside a launch that set RANK and WORLD_SIZE"}.get(detected or "")
     if how:
         parts.append(how)
     return "launch: " + "; ".join(parts)
@@ -295,9 +297,11 @@ def _nodes_table(ranks: Sequence[Mapping[str, Any]]) -> Table:
     table = Table(box=None, padding=(0, 1), show_edge=False, header_style="bold")
     for column in ("node", "host", "ranks (local rank)"):
         table.add_column(column)
-    for (node, host), members in sorted(nodes.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1] or "")):
+    for (node, host), members in sorted(nodes.items(),
+                                        key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1] or "")):
         table.add_row("-" if node is None else str(node), host or "?",
-                      ", ".join(f"{r['rank']} ({r.get('local_rank')})" for r in sorted(members, key=lambda r: r["rank"])))
+                      ", ".join(f"{r['rank']} ({r.get('local_rank')})"
+                                for r in sorted(members, key=lambda r: r["rank"])))
     return table
 
 
