@@ -590,7 +590,8 @@ def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2 or not facts.ddp.has_process_group(evidence):
         return CheckResult(summary="no process group", applicable=False)
     traces = facts.collectives.world_traces(evidence)
-    total = sum(len(t.entries) for t in traces.values())
+    library_world, library_groups = _library_calls(evidence, traces)
+    total = sum(len(t.entries) for t in traces.values()) + library_groups
     mismatch = collective_mismatch(evidence) or subgroup_mismatch(evidence)
     if mismatch is not None:
         return CheckResult(findings=[_mismatch_finding(mismatch, traces)],
@@ -599,7 +600,20 @@ def analyze(evidence: Evidence) -> CheckResult:
     if orphan is not None:
         return CheckResult(findings=[orphan], summary="a collective had no partner")
     stall = _stall_finding(evidence)
-    return CheckResult(findings=[stall] if stall else [], summary=f"{total} collectives matched across ranks")
+    fsdp = library_world + library_groups
+    of_them = f" ({fsdp} of them FSDP's)" if fsdp else ""
+    return CheckResult(findings=[stall] if stall else [], summary=f"{total} collectives matched across ranks{of_them}")
+
+
+def _library_calls(evidence: Evidence, traces: dict[int, RankTrace]) -> tuple[int, int]:
+    """(FSDP's traced calls on the world group, on subgroups), summed over the ranks: the summary counts
+    FSDP's collectives wherever its mesh put them (a gloo job under device simulation gets a group of
+    its own over every rank, as DeviceMesh gives a gloo job beside GPUs)."""
+    world = sum(1 for t in traces.values() for e in t.entries if not e.internal and e.phase != "call")
+    missing = set(evidence.observations.missing_ranks)
+    groups = sum(1 for rank, ev in evidence.ranks.items() if rank not in missing for c in ev.of(Collective)
+                 if c.phase is not None and c.group is not None and c.units)
+    return world, groups
 
 
 CHECK = Check(id=ID, title="collectives matched, no hang", analyze=analyze, docs=DOCS, order=60,

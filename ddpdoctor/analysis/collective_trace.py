@@ -22,7 +22,8 @@ from typing import Any, Iterable, Optional, Union
 from ddpdoctor.schema.events import Collective, Event, InitProcessGroup, InternalCollectives, InternalPhase, Site
 
 __all__ = ["POINT_TO_POINT", "SHAPE_FREE", "ROOT_LISTS", "TraceEntry", "Mismatch", "call_signature",
-           "rank_trace", "trace_of", "first_mismatch", "PHASE_WHAT", "subgroup_traces", "first_subgroup_mismatch"]
+           "rank_trace", "trace_of", "first_mismatch", "PHASE_WHAT", "PHASE_PART_OF", "subgroup_traces",
+           "first_subgroup_mismatch"]
 
 POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 # Collectives whose tensor arguments may legitimately differ by rank: only the op is compared.
@@ -31,8 +32,9 @@ SHAPE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored
 # Collectives with a list argument only the root rank passes: only the first tensor is compared.
 ROOT_LISTS = frozenset({"gather", "scatter"})
 
-# What a library's collectives were, by phase, in words.
+# What a library's collectives were, by phase, in words; what a library's traced call was part of.
 PHASE_WHAT = {phase.value: phase.what for phase in InternalPhase}
+PHASE_PART_OF = {phase.value: phase.part_of for phase in InternalPhase}
 
 # What ranks compare a collective by: a traced call's signature (call_signature), a library run's
 # (phase, grad, op).
@@ -63,7 +65,8 @@ class TraceEntry:
 
     @property
     def phase(self) -> str:
-        return self.event.phase if isinstance(self.event, InternalCollectives) else "call"
+        """A library's phase (FSDP's traced calls included), "call" for the script's own call."""
+        return self.event.phase or "call"
 
     @property
     def site(self) -> Site:
@@ -91,11 +94,14 @@ class TraceEntry:
         return (self.phase, self.op if not self.internal else "", first.get("file"), first.get("line"), self.grad)
 
     def describe(self) -> str:
-        """"all_reduce of float32[4]" or "DDP's forward (buffer broadcast, no grad)"."""
+        """"all_reduce of float32[4]", "all_gather_single of float32[544] in FSDP's forward" or "DDP's
+        forward (buffer broadcast, no grad)"."""
         if not self.internal:
-            shown = self.tensors[-1] if self.op in ("all_gather", "all_gather_into_tensor") and self.tensors else \
+            gathers = ("all_gather", "all_gather_into_tensor", "all_gather_single")
+            shown = self.tensors[-1] if self.op in gathers and self.tensors else \
                 (self.tensors[0] if self.tensors else None)
-            return f"{self.op}{f' of {shown[1]}{shown[0]}' if shown else ''}"
+            part_of = PHASE_PART_OF.get(self.phase)
+            return f"{self.op}{f' of {shown[1]}{shown[0]}' if shown else ''}{f' in {part_of}' if part_of else ''}"
         what = PHASE_WHAT.get(self.phase, InternalPhase.OTHER.what)
         if self.op:
             what = f"{self.op} in {what}" if self.phase != InternalPhase.OTHER else self.op

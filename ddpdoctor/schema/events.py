@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Optional, TypeVar
 __all__ = [
     "SCHEMA_VERSION", "EVENT_KINDS", "Event", "UnknownEvent", "SamplerInfo", "ProcessStart", "InitProcessGroup",
     "DestroyProcessGroup", "DDPWrap", "DataParallelWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage",
-    "LoaderPass",
+    "LoaderPass", "ShardedWrap",
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
     "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
@@ -271,6 +271,27 @@ class DataParallelWrap(Event):
 
 @register_event
 @dataclass(kw_only=True, slots=True)
+class ShardedWrap(Event):
+    """A model handed to a data-parallel API other than the DistributedDataParallel class (once per
+    call site): FSDP2's ``fully_shard``, FSDP1's ``FullyShardedDataParallel``, the composable
+    ``replicate()``. ``mesh_shape``/``mesh_dims``: the device mesh it shards (or replicates) over,
+    outermost dimension first, its dimension names ("" where unnamed); empty when not known.
+    ``hybrid``: HSDP, replicated across the first mesh dimension and sharded within the second (a
+    2-D mesh given to fully_shard, FSDP1's HYBRID_SHARD strategies)."""
+
+    kind: ClassVar[str] = "sharded_wrap"
+    api: str = ""  # "fully_shard", "FullyShardedDataParallel", "replicate", "replicate_with_fsdp"
+    module: str = ""  # the wrapped module's class (classes, comma-separated, for a list of modules)
+    mesh_shape: list[int] = field(default_factory=list)
+    mesh_dims: list[str] = field(default_factory=list)
+    hybrid: bool = False
+    reshard_after_forward: Optional[int] = None  # as passed to fully_shard (True/False or an int); None: default
+    sharding_strategy: Optional[str] = None  # FSDP1's ShardingStrategy name
+    site: Site = field(default_factory=list)
+
+
+@register_event
+@dataclass(kw_only=True, slots=True)
 class BufferFingerprint(Event):
     """Buffers of one DDP module at a synchronized training forward (after DDP's broadcast)."""
 
@@ -503,9 +524,14 @@ class Collective(Event):
     took part in on that group, DDP's own included (see :class:`InternalCollectives`): a call that
     issues several (``all_gather_object``: 2) is ``n`` .. ``n + units - 1``; point-to-point calls take
     no number (``units`` 0). Elsewhere ``n`` counts the traced calls.
+
+    ``phase``: set where a library made the call on the user's behalf (an :class:`InternalPhase`:
+    FSDP's parameter all-gather and gradient reduce-scatter); ``site`` is then the user's line that
+    caused it (the forward, ``loss.backward()``). None for the script's own calls.
     """
 
     kind: ClassVar[str] = "collective"
+    omit_if_none: ClassVar[frozenset[str]] = frozenset({"phase"})
     op: str = ""
     n: int = 0
     tensors: list[list[Any]] = field(default_factory=list)  # [[shape], dtype] of each tensor argument, up to 8
@@ -514,6 +540,7 @@ class Collective(Event):
     rank_branch: bool = False
     units: int = 1  # collectives the call issued on its group, as numbered by ``n``
     pg_seq: Optional[int] = None  # the backend's sequence number of its first collective (flight recorder id)
+    phase: Optional[str] = None  # an InternalPhase when a library (FSDP) made the call; None: the script's own
 
 
 class InternalPhase(str, Enum):
@@ -524,6 +551,8 @@ class InternalPhase(str, Enum):
     DDP_INIT = "ddp-init"  # the constructor's broadcasts
     DDP_FORWARD = "ddp-forward"  # buffer broadcast, first-iteration bucket rebuild
     DDP_BACKWARD = "ddp-backward"  # gradient bucket all-reduces, the find_unused_parameters bitmap
+    FSDP_FORWARD = "fsdp-forward"  # FSDP's parameter all-gather before a forward (traced calls: Collective.phase)
+    FSDP_BACKWARD = "fsdp-backward"  # FSDP's all-gather before a backward, its gradient reduce-scatter (all-reduce)
     OTHER = "other"  # anything else: Join's shadow collectives, comm libraries
 
     def __str__(self) -> str:
@@ -534,7 +563,7 @@ class InternalPhase(str, Enum):
 
     @property
     def is_ddp(self) -> bool:
-        return self is not InternalPhase.OTHER
+        return self.value.startswith("ddp-")
 
     @property
     def words(self) -> str:
@@ -560,6 +589,11 @@ _PHASE_TEXT = {
                     "DDP's forward (its buffer or bucket broadcast)"),
     "ddp-backward": ("DDP's gradient all-reduce", "DDP's gradient all-reduce in the backward pass",
                      "DDP's gradient all-reduce"),
+    "fsdp-forward": ("FSDP's forward all-gather", "FSDP's forward (the all-gather of a sharded module's parameters)",
+                     "FSDP's forward"),
+    "fsdp-backward": ("FSDP's backward all-gather or reduce-scatter",
+                      "FSDP's backward (the parameters' all-gather, the gradients' reduce-scatter)",
+                      "FSDP's backward"),
     "other": ("a library's collective", "a collective no traced call made", "a library's collective"),
 }
 INTERNAL_PHASES = tuple(p.value for p in InternalPhase)

@@ -4,6 +4,11 @@ Only the outermost call counts (all_gather_object calls all_gather inside), so t
 call the same user-level collectives get the same sequence numbers. The group is found however it
 was passed (``dist.barrier(group)``, ``dist.all_reduce(t, op, group)``), so subgroup collectives
 are never mistaken for world collectives. No extra communication.
+
+FSDP (``fully_shard`` and FullyShardedDataParallel) issues its parameter all-gathers and gradient
+reduce-scatters through these same functions, from its forward and backward hooks: such a call is
+traced like the script's own, marked with its FSDP phase (:attr:`Collective.phase`) and booked to
+the user's line that caused it (the forward, ``loss.backward()``).
 """
 
 from __future__ import annotations
@@ -11,7 +16,10 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
+import os
+import sys
 import threading
+from types import FrameType
 from typing import Callable, Optional
 
 import torch
@@ -22,7 +30,7 @@ from ddpdoctor.rank import callsite
 from ddpdoctor.rank.clock import units_of
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.events import Collective
+from ddpdoctor.schema.events import Collective, InternalPhase
 
 PROBE = "collectives"
 
@@ -32,9 +40,36 @@ TRACED = (
     "all_to_all_single", "send", "recv", "isend", "irecv", "all_gather_object",
     "broadcast_object_list", "gather_object", "scatter_object_list", "new_group",
 )
+# torch 2.13's names (all_gather_into_tensor and reduce_scatter_tensor now call them; FSDP2 calls
+# them directly), traced where this torch has them.
+NEWER = ("all_gather_single", "reduce_scatter_single")
 MAX_TENSORS = 8
 
 _depth = threading.local()
+_FSDP_DIR = os.sep + os.path.join("torch", "distributed", "fsdp") + os.sep
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # ddpdoctor/rank/
+_last_fsdp_site: list = []  # the last FSDP call's user line: for backward hooks run on autograd's own threads
+
+
+def _graph_task_running() -> bool:
+    """Whether autograd is running a backward pass in this thread (its hooks are)."""
+    try:
+        return torch._C._current_graph_task_id() != -1
+    except Exception:
+        return False
+
+
+def fsdp_phase(frame: Optional[FrameType]) -> Optional[str]:
+    """The FSDP phase of a traced call whose caller (``frame``, ddpdoctor's own wrappers skipped) is
+    FSDP's code: its backward hooks when autograd runs a backward, else its forward hooks. None when
+    the call is not FSDP's."""
+    for _ in range(4):
+        if frame is None or not frame.f_code.co_filename.startswith(_OWN_DIR):
+            break
+        frame = frame.f_back
+    if frame is None or _FSDP_DIR not in frame.f_code.co_filename:
+        return None
+    return InternalPhase.FSDP_BACKWARD.value if _graph_task_running() else InternalPhase.FSDP_FORWARD.value
 
 
 def describe_tensors(values: list) -> list:
@@ -114,13 +149,20 @@ def install(rec: Recorder) -> None:
                 units = predicted_units(op)
                 n, before = rec.clock.before_call(op, units, group=group)
                 site = callsite.caller_site(3)
+                phase = fsdp_phase(sys._getframe(2))  # record <- traced <- its caller
+                if phase is not None:  # FSDP's: the user's line; a backward on autograd's threads has none
+                    if site:
+                        _last_fsdp_site[:] = site
+                    else:
+                        site = list(_last_fsdp_site)
                 rec.emit(Collective(op=op, n=n, tensors=describe_tensors(values), group=ranks, site=site,
-                                    rank_branch=in_rank_branch(site), units=units,
-                                    pg_seq=None if before is None else before + 1))
+                                    rank_branch=phase is None and in_rank_branch(site), units=units,
+                                    pg_seq=None if before is None else before + 1, phase=phase))
                 where = site[0] if site else None
                 if group is None:
                     rec.last_collective = {"op": op, "n": n, "site": where}
-                rec.set_activity(f"in {op} #{n}", where)
+                part_of = f" in {InternalPhase(phase).part_of}" if phase is not None else ""
+                rec.set_activity(f"in {op} #{n}{part_of}", where)
                 return n, units, before, group
 
             def traced(*args, **kwargs):
@@ -146,7 +188,7 @@ def install(rec: Recorder) -> None:
 
         return wrap
 
-    for op in TRACED:
+    for op in TRACED + tuple(op for op in NEWER if hasattr(c10d, op)):
         for owner in (c10d, dist):
             patch(rec, PROBE, owner, op, make(op))
 
