@@ -19,18 +19,45 @@ wherever a change reaches most of its elements (a scaling, a clipping, a rank-de
 not a change confined to a few elements. Its only use is the snapshot of the gradients at the end
 of DDP's all-reduce (:mod:`ddpdoctor.rank.probes.wrapping`): the one full read of the gradients
 stays the one before the step, so a fingerprinted step reads gradients and parameters once each.
+
+A DTensor (FSDP2's sharded parameters and gradients) is fingerprinted by its rank's local shard,
+as it is in memory: no redistribution, no collective, no copy. A tensor subclass whose bytes cannot
+be read directly (a wrapper subclass without storage of its own) is not fingerprinted: its value
+is None, as for a missing tensor, and never an error.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from typing import Optional, Sequence
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 Fingerprint = Optional[list]  # [word sum] or None for a missing tensor (e.g. grad is None)
 
 _SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def readable(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """``t`` as a plain tensor whose bytes this rank holds, without a copy or a collective: itself,
+    a DTensor's local shard, a plain subclass's storage seen as a Tensor; None for a tensor
+    subclass that has no such bytes (a wrapper subclass: quantized or lazy formats)."""
+    if type(t) in _PLAIN:
+        return t
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)  # none exists unless imported
+    try:
+        if dtensor is not None and isinstance(t, dtensor):
+            with torch.no_grad():
+                local = t.to_local()  # the local shard itself (a view), whatever the placements
+            return local if type(local) in _PLAIN else readable(local)
+        if is_traceable_wrapper_subclass(t):
+            return None
+        return t.as_subclass(torch.Tensor)
+    except Exception:
+        return None
 
 
 class Pending:
@@ -127,7 +154,8 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False) -
     own: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # a kernel each
     small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
     fixed: dict[int, list] = {}
-    for i, t in enumerate(tensors):
+    for i, given in enumerate(tensors):
+        t = readable(given) if given is not None else None
         if t is None:
             fixed[i] = None
         elif t.numel() == 0 or t.is_meta:

@@ -9,15 +9,19 @@ step that left the weight unchanged, from the optimizer's own state: the directi
 
 The tensor work is a few fused element-wise kernels per examined parameter on its own device and
 one host copy per device; it runs only for parameters a step left unchanged, a few times per run.
+Sharded tensors (FSDP2's DTensors) are measured on the rank's local shard, with no collective; a
+parameter whose bytes cannot be read is not measured.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+
+from ddpdoctor.rank.fingerprint import readable
 
 __all__ = ["examine", "spacing"]
 
@@ -37,8 +41,13 @@ def _number(value: object) -> float:
 def _direction(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: dict) -> Optional[torch.Tensor]:
     """The step direction the optimizer's last step applied to ``param`` (times the learning rate it is
     the update), from its state after that step; None for an optimizer whose rule is not known here."""
-    state = optimizer.state.get(param) or {}
-    grad = param.grad.detach().float()
+    raw = optimizer.state.get(param) or {}
+    state = {key: _local(value) for key, value in raw.items()}
+    local_grad, local_param = _local(param.grad), _local(param)
+    if local_grad is None or local_param is None or any(state[k] is None and raw[k] is not None for k in raw):
+        return None  # a tensor whose bytes this rank cannot read
+    grad = local_grad.detach().float()
+    param = local_param
     if "exp_avg" in state and "exp_avg_sq" in state and "betas" in group and "eps" in group:
         step = max(_number(state.get("step", 1)), 1.0)
         beta1, beta2 = (_number(b) for b in group["betas"])
@@ -63,6 +72,11 @@ def _direction(optimizer: torch.optim.Optimizer, param: torch.Tensor, group: dic
     return None
 
 
+def _local(value: Any) -> Any:
+    """A tensor as its rank's readable local bytes (see fingerprint.readable), anything else as is."""
+    return readable(value) if isinstance(value, torch.Tensor) else value
+
+
 def examine(optimizer: torch.optim.Optimizer, positions: list[int]) -> tuple[dict[str, list], Optional[float]]:
     """For the parameters at ``positions`` of ``optimizer`` (in param-group order), each
     ``[gradient RMS, update ratio]`` (see :class:`ddpdoctor.schema.events.UnchangedWeights`), and the
@@ -70,16 +84,18 @@ def examine(optimizer: torch.optim.Optimizer, positions: list[int]) -> tuple[dic
     params = [p for group in optimizer.param_groups for p in group["params"]]
     group_of = {id(p): group for group in optimizer.param_groups for p in group["params"]}
     with torch.no_grad():
-        with_grad = [p for p in params if p.grad is not None and p.grad.numel()]
-        norms = torch._foreach_norm([p.grad.detach() for p in with_grad]) if with_grad else []
+        grads = {id(p): readable(p.grad) for p in params if p.grad is not None}
+        with_grad = [p for p in params if grads.get(id(p)) is not None and grads[id(p)].numel()]
+        norms = torch._foreach_norm([grads[id(p)].detach() for p in with_grad]) if with_grad else []
         pending: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
         slots: dict[torch.device, list[tuple[str, int]]] = defaultdict(list)  # (what, position) per value
         for p, norm in zip(with_grad, norms):
-            pending[p.device].append(norm.float() / math.sqrt(p.grad.numel()))
+            pending[p.device].append(norm.float() / math.sqrt(grads[id(p)].numel()))
             slots[p.device].append(("rms", id(p)))
         for position in positions:
             p = params[position]
-            if p.grad is None:
+            weights = readable(p)
+            if grads.get(id(p)) is None or weights is None or not weights.numel():
                 continue
             group = group_of[id(p)]
             direction = _direction(optimizer, p, group)
@@ -87,7 +103,7 @@ def examine(optimizer: torch.optim.Optimizer, positions: list[int]) -> tuple[dic
                 continue
             lr = group.get("lr", 0.0)
             update = direction * (lr.detach().float() if isinstance(lr, torch.Tensor) else float(lr))
-            pending[p.device].append((update / spacing(p)).max())
+            pending[p.device].append((update / spacing(weights)).max())
             slots[p.device].append(("ratio", position))
         rms: dict[int, float] = {}
         ratios: dict[int, float] = {}

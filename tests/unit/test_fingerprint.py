@@ -150,3 +150,37 @@ def test_a_sampled_fingerprint_separates_the_changes_ddp_bugs_make():
     one = grad.clone()
     one.view(-1)[1000] += 1.0  # word 500: between the samples at words 0-15 and 1021-1036
     assert sampled(one) == base and fp.fingerprint([one]) != fp.fingerprint([grad])
+
+
+def test_a_wrapper_subclass_is_not_fingerprinted_and_breaks_nothing_else():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    plain = torch.arange(8, dtype=torch.float32)
+    wrapped = TwoTensor(torch.ones(4), torch.ones(4))
+    assert fp.readable(wrapped) is None
+    assert fp.fingerprint([plain, wrapped, None]) == [[reference(plain)], None, None]
+
+
+def test_a_plain_subclass_is_read_as_its_bytes():
+    class Tagged(torch.Tensor):
+        pass
+
+    t = torch.randn(64)
+    assert fp.fingerprint([t.as_subclass(Tagged), torch.nn.Parameter(t.clone())]) == [[reference(t)]] * 2
+
+
+def test_a_dtensor_is_fingerprinted_by_its_local_shard_without_a_collective():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        local = torch.randn(16, 4)
+        sharded = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)]))
+        sharded.grad = DTensor.from_local(local * 2, mesh, [Shard(0)])
+        assert fp.readable(sharded).data_ptr() == local.data_ptr()  # the shard itself, no copy
+        assert fp.fingerprint([sharded, sharded.grad]) == [[reference(local)], [reference(local * 2)]]
+    finally:
+        dist.destroy_process_group()
