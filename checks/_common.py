@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-from ddpdoctor.analysis.api import Location
+from ddpdoctor.analysis import facts
+from ddpdoctor.analysis.api import CheckResult, Location
 from ddpdoctor.analysis.evidence import Evidence
 
 
@@ -28,3 +29,13 @@ def first_site(evidence: Evidence, kind: type) -> Optional[Location]:
         if location:
             return location
     return None
+
+
+def sharded_skip(evidence: Evidence) -> Optional[CheckResult]:
+    """A skip that says so, for a check comparing DDP replicas, when the model is sharded (FSDP2,
+    HSDP, FSDP1) and no DDP module exists: its evidence (each rank's shard) is not a replica."""
+    found = facts.ddp.sharded_without_ddp(evidence)
+    if found is None:
+        return None
+    return CheckResult(summary=f"the model is sharded with {found.describe()}: this check compares DDP replicas "
+                               f"and does not check sharded models yet", applicable=False)

@@ -12,7 +12,7 @@ from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.symptoms import BuffersDiffer
 from ddpdoctor.schema.events import BufferFingerprint
 
-from ._common import fmt_ranks
+from ._common import fmt_ranks, sharded_skip
 
 ID = "buffer-sync"
 
@@ -53,6 +53,9 @@ class BufferDiverged(EvidenceRecord, BuffersDiffer):
 
 
 def analyze(evidence: Evidence) -> CheckResult:
+    sharded = sharded_skip(evidence)
+    if sharded is not None:
+        return sharded
     wraps = {(r, index): e for index, per_rank in facts.ddp.wraps(evidence).items() for r, e in per_rank.items()}
     if evidence.world_size < 2 or not any(e.buffers for e in wraps.values()):
         return CheckResult(summary="no DDP module with buffers", applicable=False)
@@ -105,5 +108,5 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary=f"buffers identical across ranks at {compared} compared forwards")
 
 
-CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS, order=20, probes=('ddp',),
+CHECK = Check(id=ID, title="buffers in sync", analyze=analyze, docs=DOCS, order=20, probes=('ddp', 'sharding'),
               evidence=(BufferDiverged,))

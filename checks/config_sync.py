@@ -12,7 +12,7 @@ from ddpdoctor.analysis.symptoms import Divergence, ParametersUnused, RankFailed
 from ddpdoctor.schema.events import ConfigState, ModeChange, OptimizerInfo, ParamGroupsWrite, Step
 from ddpdoctor.schema.sampling import describe
 
-from ._common import fmt_ranks, short_site
+from ._common import fmt_ranks, sharded_skip, short_site
 
 ID = "config-sync"
 
@@ -321,6 +321,9 @@ def config_divergence(evidence: Evidence) -> tuple[Optional[ConfigDivergence], i
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
+    sharded = sharded_skip(evidence)
+    if sharded is not None:
+        return sharded
     restored = _state_restored_on_some_ranks(evidence)
     if restored is not None:  # the settings that differ too (a `fused` flag the checkpoint brought) follow from it
         return CheckResult(findings=[restored], summary=f"an optimizer's state was restored on "
@@ -439,5 +442,5 @@ def _fix(kinds: set[str]) -> str:
 
 
 CHECK = Check(id=ID, title="same network and settings on every rank", analyze=analyze, docs=DOCS, order=130,
-              probes=('optimizer', 'config'),
+              probes=('optimizer', 'config', 'sharding'),
               evidence=(StateRestored, SettingsDiffer), explains=EXPLAINS)

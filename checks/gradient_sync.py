@@ -18,7 +18,7 @@ from ddpdoctor.schema.events import (CommHook, Collective, DDPBypass, DDPRewrap,
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.sampling import describe
 
-from ._common import fmt_ranks, short_site
+from ._common import fmt_ranks, sharded_skip, short_site
 
 ID = "gradient-sync"
 
@@ -510,6 +510,9 @@ def _round_trip(evidence: Evidence) -> Optional[Finding]:
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
+    sharded = sharded_skip(evidence)
+    if sharded is not None:
+        return sharded
     if not evidence.any(Step):
         return CheckResult(summary="no optimizer step observed", applicable=False)
     div, num_compared = facts.steps.divergence(evidence)
@@ -571,6 +574,6 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 CHECK = Check(id=ID, title="gradients and parameters in sync", analyze=analyze, docs=DOCS, order=10,
-              probes=('ddp', 'optimizer', 'wrapping'),
+              probes=('ddp', 'optimizer', 'wrapping', 'sharding'),
               evidence=(ConvertedAfterWrap, Rewrapped, ChangedAfterBackward, FrozenAtWrap, CommHookDiffers,
                         AllReduceDiffers, PeriodicAveraging, DeviceRoundTrip, Diverged), explains=EXPLAINS)

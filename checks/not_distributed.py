@@ -23,6 +23,11 @@ Says plainly when there was nothing distributed to check: the script never calle
 `DistributedDataParallel` (then gradients are only in sync if the script averages them by hand,
 which the gradient-sync check verifies).
 
+A model sharded or replicated by another data-parallel API (FSDP2's `fully_shard`, HSDP on a
+2-D mesh, FSDP1's `FullyShardedDataParallel`, the composable `replicate()`) is distributed
+training: no finding, and the summary says what was found ("distributed training with FSDP2 on
+a 1-D mesh of 2").
+
 A model wrapped in single-process `nn.DataParallel` (and in no DDP) under a multi-process launch
 is named as the cause, at the line that wraps it, with or without a process group: DataParallel
 splits each batch over the GPUs of its own process only, so `torchrun --nproc-per-node=N` runs N
@@ -161,13 +166,14 @@ def analyze(evidence: Evidence) -> CheckResult:
     if facts.failures.rank_failures(evidence) or evidence.stop is not None:
         # The script did not run to its end: what it never reached proves nothing (rank-failure says why).
         return CheckResult(summary="the job did not run to its end", applicable=False)
+    sharding = facts.ddp.sharding(evidence)  # fully_shard, FSDP1, replicate(): distributed, without the DDP class
     wrapped, process_group = bool(facts.ddp.wraps(evidence)), facts.ddp.has_process_group(evidence)
-    data_parallel = None if wrapped else _data_parallel(evidence)
+    data_parallel = None if wrapped or sharding is not None else _data_parallel(evidence)
     if data_parallel is not None:
         summary = "nn.DataParallel in every process" + ("" if process_group else ", no process group")
         return CheckResult(summary=summary, findings=[
             _data_parallel_finding(evidence, data_parallel, process_group=process_group)])
-    if not process_group:
+    if not process_group and sharding is None:
         ranks = tuple(sorted(evidence.ranks))
         copies = f"{len(ranks)} independent copies of the script ran" if len(ranks) > 1 else "the script ran alone"
         return CheckResult(summary="no process group", findings=[Finding(
@@ -179,6 +185,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         )])
     if wrapped:
         return CheckResult(summary="process group initialized and model wrapped in DDP")
+    if sharding is not None:
+        return CheckResult(summary=f"distributed training with {sharding.describe()}")
     steps = [e for _, e in evidence.events(Step)]
     location = first_site(evidence, InitProcessGroup)
     if not steps:
@@ -204,5 +212,5 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 CHECK = Check(id=ID, title="distributed training present", analyze=analyze, docs=DOCS, order=100,
-              probes=('data_parallel',),
+              probes=('data_parallel', 'sharding'),
               evidence=(NoProcessGroup, NoTraining, AveragedByHand, NoDdp, DataParallelWrapped), explains=EXPLAINS)

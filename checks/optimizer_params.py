@@ -14,7 +14,7 @@ from ddpdoctor.schema.fingerprints import decode_fingerprints
 
 from ddpdoctor.schema.findings import ABSENT
 
-from ._common import fmt_ranks, short_site
+from ._common import fmt_ranks, sharded_skip, short_site
 
 ID = "optimizer-params"
 STUCK_STEPS = 5  # fingerprinted steps in a row with a gradient and unchanged weights
@@ -496,6 +496,9 @@ def _unexplained(evidence: Evidence, rank: int, entries: list) -> Finding:
 
 
 def analyze(evidence: Evidence) -> CheckResult:
+    sharded = sharded_skip(evidence)
+    if sharded is not None:
+        return sharded
     if not evidence.any(DDPWrap):
         return CheckResult(summary="no DDP module: nothing to compare the optimizers with", applicable=False)
     if not evidence.any(OptimizerInfo):
@@ -516,5 +519,5 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140,
-              probes=('optimizer', 'config'),
+              probes=('optimizer', 'config', 'sharding'),
               evidence=(WeightsRestored, BelowPrecision, NeverChange, NotStepped))

@@ -14,7 +14,7 @@ from ddpdoctor.analysis.symptoms import CollectivesUnmatched, HangKind, Iteratio
 from ddpdoctor.schema.events import DDPUsage, JoinEvent, LoaderPass, Step
 
 from . import _frameworks as frameworks
-from ._common import fmt_ranks
+from ._common import fmt_ranks, sharded_skip
 
 ID = "uneven-inputs"
 
@@ -191,6 +191,9 @@ def _uneven_backwards(evidence: Evidence) -> Optional[dict[int, int]]:
 
 
 def analyze(evidence: Evidence) -> CheckResult:
+    sharded = sharded_skip(evidence)
+    if sharded is not None:
+        return sharded
     if evidence.world_size < 2 or not facts.ddp.wraps(evidence):
         return CheckResult(summary="no DDP training on several ranks", applicable=False)
     stop = evidence.stop
@@ -268,5 +271,5 @@ def _counts(counts: dict[int, int]) -> str:
 
 
 CHECK = Check(id=ID, title="same number of steps on every rank", analyze=analyze, docs=DOCS, order=70,
-              probes=('ddp', 'optimizer', 'data', 'join'),
+              probes=('ddp', 'optimizer', 'data', 'join', 'sharding'),
               evidence=(Joined, Uneven), explains=EXPLAINS)

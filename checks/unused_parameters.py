@@ -13,7 +13,7 @@ from ddpdoctor.analysis.facts.failures import REDUCTION_ERRORS, is_reduction_err
 from ddpdoctor.analysis.symptoms import Divergence, ParametersUnused, RankFailed, ReplicasDiverged
 
 from . import _frameworks as frameworks
-from ._common import fmt_ranks
+from ._common import fmt_ranks, sharded_skip
 
 ID = "unused-parameters"
 
@@ -117,6 +117,9 @@ def _names(index_counts: dict, names: list[str]) -> list[str]:
 
 
 def analyze(evidence: Evidence) -> CheckResult:
+    sharded = sharded_skip(evidence)
+    if sharded is not None:
+        return sharded
     wraps = facts.ddp.wraps(evidence)
     if not wraps:
         return CheckResult(summary="no DDP module", applicable=False)
@@ -203,5 +206,6 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 # A saved report's evidence reads back as the first type it fits: Needless's fields are some of SometimesUnused's.
-CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS, order=50, probes=('ddp', 'optimizer'),
+CHECK = Check(id=ID, title="unused parameters", analyze=analyze, docs=DOCS, order=50,
+              probes=('ddp', 'optimizer', 'sharding'),
               evidence=(Missing, NeverUsed, Needless, SometimesUnused), explains=EXPLAINS)

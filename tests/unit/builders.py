@@ -120,6 +120,15 @@ def data_parallel(module: str = "Net", device_ids: Iterable[int] = (0, 1), *, li
     return ev.DataParallelWrap(module=module, device_ids=list(device_ids), site=site(line))
 
 
+def sharded(api: str = "fully_shard", module: str = "Net", *, mesh_shape: Iterable[int] = (2,),
+            mesh_dims: Optional[Iterable[str]] = None, hybrid: bool = False, line: int = 19) -> ev.ShardedWrap:
+    """A model sharded (fully_shard, FullyShardedDataParallel) or replicated (replicate) over a mesh."""
+    shape = list(mesh_shape)
+    return ev.ShardedWrap(api=api, module=module, mesh_shape=shape,
+                          mesh_dims=list(mesh_dims) if mesh_dims is not None else [""] * len(shape),
+                          hybrid=hybrid, site=site(line))
+
+
 def optimizer(names: Iterable[str] = ("fc.weight", "fc.bias"), *, in_ddp: Optional[Iterable[bool]] = None,
               ddp_of: Optional[Iterable[Optional[int]]] = None, opt: int = 0, line: int = 30,
               built_line: Optional[int] = None, group_sizes: Optional[list] = None, type_name: str = "SGD",
