@@ -9,7 +9,7 @@ from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import (Check, CheckResult, EvidenceRecord, Explains, Finding, Location, RUN, POSTMORTEM,
                                     Severity, evidence_field)
 from ddpdoctor.analysis.decode import COLLECTIVE_MISMATCH
-from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.evidence import Evidence, RankEvidence
 from ddpdoctor.analysis.facts.derived import derived
 from ddpdoctor.analysis.facts.failures import RankFailure
 from ddpdoctor.analysis.symptoms import (CollectivesUnmatched, FailureKind, HangKind, IterationsUneven, RankFailed,
@@ -222,8 +222,8 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
             continue
         beat = state.heartbeat
         user = [f for f in state.stack if f.get("user")]
-        last = _last_traced(traces.get(rank)) or (beat.last_collective if beat else None)
         ev = evidence.ranks.get(rank)
+        last = _last_traced(traces.get(rank), ev) or (beat.last_collective if beat else None)
         states[str(rank)] = {
             "host": (ev.host if ev else None) or (beat.host if beat else None) or None,
             "state": state.state,
@@ -238,11 +238,17 @@ def _rank_states(evidence: Evidence, stop: StopSnapshot) -> dict[str, dict]:
     return states
 
 
-def _last_traced(trace: Optional[RankTrace]) -> Optional[dict]:
-    if trace is None or not trace.entries:
+def _last_traced(trace: Optional[RankTrace], ev: Optional[RankEvidence] = None) -> Optional[dict]:
+    """The rank's last world collective, or FSDP's last call on its mesh's own group where that came
+    later (its number is then the group's: ``group`` names the group's ranks)."""
+    library = None if ev is None else next(
+        (c for c in reversed(ev.of(Collective)) if c.phase is not None and c.group is not None and c.units), None)
+    world = trace.entries[-1] if trace is not None and trace.entries else None
+    if library is not None and (world is None or library.t > world.t):
+        return {"op": library.op, "n": library.n, "site": (library.site or [None])[0], "group": library.group}
+    if world is None:
         return None
-    last = trace.entries[-1]
-    return {"op": last.op or last.describe(), "n": last.n, "site": (last.site or [None])[0]}
+    return {"op": world.op or world.describe(), "n": world.n, "site": (world.site or [None])[0]}
 
 
 def _divergence_detail(mismatch: Optional[Mismatch]) -> tuple[str, Optional[Location]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from builders import SCRIPT, collective, init_pg, make_evidence, merge, on_all
+from builders import SCRIPT, collective, frame, init_pg, make_evidence, merge, on_all, stop_snapshot
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.analysis.collective_trace import TraceEntry
@@ -29,8 +29,8 @@ def step(first: int, *, group=None, line: int = 30) -> list[Collective]:
             fsdp(collective("reduce_scatter_single", first + 3, (4,), line=line + 1, group=group), "fsdp-backward")]
 
 
-def traced(world_size, traces):
-    return make_evidence(world_size, merge(on_all(world_size, init_pg(world_size)), traces))
+def traced(world_size, traces, **observations):
+    return make_evidence(world_size, merge(on_all(world_size, init_pg(world_size)), traces), **observations)
 
 
 def test_fsdp_collectives_on_the_world_group_are_matched_and_counted():
@@ -66,6 +66,27 @@ def test_an_fsdp_all_gather_paired_with_another_collective_is_named_with_its_pha
     assert finding.location == Location(SCRIPT, 33)  # as for DDP: the line only some ranks ran comes first
     assert finding.evidence["culprit_phase"] == "call"  # rank 1's barrier
     assert finding.evidence["calls"]["0"]["phase"] == "fsdp-forward"
+
+
+def test_a_hang_in_fsdps_all_gather_on_its_mesh_group_names_it_as_the_ranks_last_collective():
+    """Uneven inputs under FSDP on a mesh group of its own: rank 0 waits in its extra batch's
+    all-gather, rank 1 in the barrier after its loop."""
+    hang = stop_snapshot(
+        {0: {"activity": "in all_gather_single #9 in FSDP's forward"}, 1: {"activity": "in barrier #1"}},
+        {0: [frame(30, user=True), frame(3000, user=False, function="all_gather_single")],
+         1: [frame(33, user=True), frame(3000, user=False, function="barrier")]})
+    result = analyze(traced(2, {
+        0: step(1, group=[0, 1]) + step(5, group=[0, 1]) + step(9, group=[0, 1])[:1],
+        1: step(1, group=[0, 1]) + step(5, group=[0, 1]) + [collective("barrier", 1, shape=None, line=33, t=20.0)],
+    }, outcome="hung", stop=hang))
+    (finding,) = result.findings
+    assert finding.message.startswith(
+        "the job hung: rank 0 waits in all_gather_single #9 in FSDP's forward at train.py:30 (main); rank 1 waits "
+        "in barrier #1 at train.py:33 (main)")
+    states = finding.evidence["ranks"]
+    assert states["0"]["last_collective"] == {"op": "all_gather_single", "n": 9, "group": [0, 1],
+                                              "site": {"file": SCRIPT, "line": 30, "function": "main"}}
+    assert states["1"]["last_collective"]["op"] == "barrier"  # after its last FSDP call
 
 
 def test_an_fsdp_call_is_described_with_what_it_is_part_of():
