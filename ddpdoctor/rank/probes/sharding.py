@@ -72,7 +72,8 @@ def install(rec: Recorder) -> Callable[[], None]:
                         mesh = kwargs.get("mesh", kwargs.get("device_mesh"))
                         extra = {"reshard_after_forward": kwargs.get("reshard_after_forward")} \
                             if api == "fully_shard" else {}
-                        record(api, module, classes, mesh, **extra)
+                        world = [_world_group()] if api == "replicate" else None  # DDP over the world group
+                        record(api, module, classes, mesh, world, **extra)
                 return result
 
             return wrapper  # patch() copies the original's attributes (a contract's ``state``) onto it
@@ -148,6 +149,11 @@ def _mesh_info(mesh: Any) -> tuple[list[int], list[str]]:
     shape = [int(n) for n in getattr(mesh, "shape", ())]
     names = getattr(mesh, "mesh_dim_names", None) or ()
     return shape, [str(n) for n in names] if names else [""] * len(shape)
+
+
+def _world_group() -> Optional[Any]:
+    dist = sys.modules.get("torch.distributed")
+    return dist.group.WORLD if dist is not None and dist.is_initialized() else None
 
 
 def _groups_info(groups: list) -> tuple[list[int], list[str]]:
