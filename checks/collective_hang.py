@@ -28,7 +28,8 @@ ID = "collective-hang"
 DOCS = """\
 ## What it does
 Traces every torch.distributed collective each rank calls (op, sequence number, tensor shapes and
-dtypes, call site) at no extra communication cost, and a watchdog thread in every rank reports
+dtypes, call site) at no extra communication cost, FSDP's all-gathers and reduce-scatters included
+(at the user's forward or `loss.backward()` line), and a watchdog thread in every rank reports
 progress. It reports:
 
 - **a hang**: a rank without progress for `--hang-timeout` seconds (default max(30 s, 10x the
