@@ -9,7 +9,7 @@ from typing import Any, Optional
 from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
-from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, Step, UnchangedWeights
+from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, ReplacedParams, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 
 from ddpdoctor.schema.findings import ABSENT
@@ -32,6 +32,13 @@ Compares what the optimizers step with what the wrapped model trains. For each D
 parameters that get gradients in its backward passes must each be stepped by some optimizer, and
 an optimizer's tensors must be the model's own. It is an error when:
 
+- an optimizer built before FSDP2's `fully_shard` steps the tensors `fully_shard` replaced: it
+  swaps every parameter of the module for a new sharded (DTensor) parameter, and the optimizer
+  keeps the old tensors, which the forward never uses and which never get a gradient. The rank
+  sees it directly: at the optimizer's first step, it holds a tensor that a `fully_shard` call
+  took out of the model (by identity, nothing copied). The error is at the optimizer's line,
+  names the `fully_shard` line and the parameters; with no DDP module this is what the check
+  judges of a sharded model;
 - no optimizer steps the model's parameters: the optimizers hold other tensors (a
   `copy.deepcopy` of the model, tensors replaced after the optimizer was built) that get no
   gradient, so the model's weights never change;
@@ -60,9 +67,9 @@ A DDP model that gets gradients while no optimizer holds its parameters or a cop
 script that only compares gradients, weights updated by hand) is an info. Several optimizers that
 together cover the model (GANs, actor-critic), ZeroRedundancyOptimizer, frozen parameters
 (`requires_grad=False`), EMA or teacher copies that are not trained through DDP, and param groups
-with `lr=0` are correct and stay silent. The comparison is by tensor identity
-as DDP sees it, so a sharded wrapper that replaces the parameters (FSDP2's `fully_shard` after the
-optimizer was built) fits the same test.
+with `lr=0` are correct and stay silent. The comparison is by tensor identity as DDP sees it. A
+model sharded without DDP (FSDP2, HSDP, FSDP1) has no DDP replica to compare: apart from the
+`fully_shard` case above, the check says it does not check sharded models yet.
 
 ## Why it matters
 Such a job runs, logs a loss and writes checkpoints, and every other check passes: the replicas
@@ -81,12 +88,24 @@ optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
 net.fc = nn.Linear(512, num_classes)                        # the new head is never stepped
 model = DDP(net)
 ```
+```python
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the unsharded tensors
+for layer in model.layers:
+    fully_shard(layer)                                      # replaces them with DTensor parameters
+fully_shard(model)                                          # the optimizer steps tensors with no gradient
+```
 
 ## Use instead
 ```python
 model = DDP(net)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 ema = copy.deepcopy(net).requires_grad_(False)              # updated under no_grad, not stepped
+```
+```python
+for layer in model.layers:
+    fully_shard(layer)
+fully_shard(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)  # after the last fully_shard: the shards
 ```
 Change the model (new heads, dtype, device, sharding) first, then build the optimizer over
 `model.parameters()`; freeze parameters with `requires_grad_(False)` or an `lr=0` param group.
@@ -116,6 +135,21 @@ class NotStepped(EvidenceRecord):
     optimizer_built_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
     tensors_not_in_model: list[dict[str, Any]] = evidence_field(default_factory=list)  # [{optimizer, count, shapes}]
     models: int = evidence_field(default=ABSENT)  # how many DDP models, where several
+
+
+@dataclass(frozen=True)
+class ReplacedBySharding(EvidenceRecord):
+    """Tensors an optimizer steps that a sharding call (FSDP2's ``fully_shard``) replaced with new
+    parameters after the optimizer was built."""
+
+    discriminator = {"case": "replaced-by-sharding"}
+    case: str = evidence_field(hidden=True, default="replaced-by-sharding")
+    optimizer: int = evidence_field(hidden=True, default=0)
+    api: str = evidence_field(label="replaced by", unit="code", default="")
+    replaced: list[str] = evidence_field(label="replaced parameters", default_factory=list)
+    optimizer_tensors: int = evidence_field(default=0)
+    optimizer_built_at: Optional[dict[str, Any]] = evidence_field(unit="site", keep_none=True)
+    sharded_at: list[dict[str, Any]] = evidence_field(default_factory=list)  # the calls, in order
 
 
 @dataclass(frozen=True)
@@ -302,6 +336,50 @@ def _unstepped_finding(*, ranks: list[int], models: int, model: _Model, missing:
     location = wrapped_at if severity == "info" else built_at
     return Finding(check=ID, severity=severity, message=message, fix=fix, ranks=tuple(ranks), location=location,
                    evidence=evidence_out)
+
+
+def _replaced_findings(evidence: Evidence) -> list[Finding]:
+    """Optimizers that step tensors ``fully_shard`` replaced after they were built: the rank saw
+    the replaced tensor in the optimizer, by identity, at its first step. A correct script builds
+    the optimizer after sharding, from the sharded parameters, and never holds one."""
+    problems: dict[tuple, dict] = {}
+    for rank in sorted(evidence.ranks):
+        ev = evidence.ranks[rank]
+        infos = {i.opt: i for i in ev.of(OptimizerInfo)}
+        seen: set[int] = set()
+        for event in ev.of(ReplacedParams):
+            info = infos.get(event.opt)
+            if event.opt in seen or info is None:
+                continue
+            seen.add(event.opt)
+            built_at = _site(info)
+            sites = [loc for loc in (Location.from_site(site) for site in event.sites) if loc is not None]
+            key = (built_at or event.opt, tuple(event.names), tuple(sites))
+            problems.setdefault(key, {"ranks": [], "event": event, "info": info, "built_at": built_at,
+                                      "sites": sites})["ranks"].append(rank)
+    return [_replaced_finding(**entry) for entry in problems.values()]
+
+
+def _replaced_finding(*, ranks: list[int], event: ReplacedParams, info: OptimizerInfo, built_at: Optional[Location],
+                      sites: list[Location]) -> Finding:
+    count, total = len(event.positions), len(info.names)
+    api = event.api or "fully_shard"
+    names = ", ".join(f"`{n}`" for n in event.names[:6]) + (f" and {count - 6} more" if count > 6 else "")
+    where = " and ".join(short_site(loc) for loc in sites[:3]) + (" ..." if len(sites) > 3 else "") or "?"
+    held = f"all {count} of its tensors" if count == total else f"{count} of its {total} tensors"
+    message = (f"optimizer {info.opt} ({info.type_name}, built at {short_site(built_at)}) was built before "
+               f"`{api}` (at {where}) and steps the model's old parameters: {held} ({names}) were replaced by "
+               f"`{api}` with new sharded parameters. The forward and backward use the new ones, so the tensors "
+               f"the optimizer steps never get a gradient, and "
+               f"{'the model never trains' if count == total else 'these parameters never train'}")
+    fix = (f"Build the optimizer after the last `{api}`, from `model.parameters()` (the sharded parameters): shard "
+           f"every layer and the root first, then `optimizer = torch.optim.{info.type_name or 'AdamW'}"
+           f"(model.parameters(), ...)`.")
+    return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=built_at,
+                   evidence=ReplacedBySharding(optimizer=info.opt, api=api, replaced=list(event.names),
+                                               optimizer_tensors=total,
+                                               optimizer_built_at=built_at.to_json() if built_at else None,
+                                               sharded_at=[loc.to_json() for loc in sites]))
 
 
 def _stuck_findings(evidence: Evidence) -> list[Finding]:
@@ -496,6 +574,11 @@ def _unexplained(evidence: Evidence, rank: int, entries: list) -> Finding:
 
 
 def analyze(evidence: Evidence) -> CheckResult:
+    replaced = _replaced_findings(evidence)
+    if replaced and (sharded_skip(evidence) is not None or not evidence.any(DDPWrap)):
+        api = replaced[0].evidence.api if isinstance(replaced[0].evidence, ReplacedBySharding) else "fully_shard"
+        return CheckResult(findings=replaced, summary=f"the optimizers step tensors that `{api}` replaced "
+                                                      f"({fmt_ranks(r for f in replaced for r in f.ranks)})")
     sharded = sharded_skip(evidence)
     if sharded is not None:
         return sharded
@@ -503,7 +586,7 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary="no DDP module: nothing to compare the optimizers with", applicable=False)
     if not evidence.any(OptimizerInfo):
         return CheckResult(summary="no optimizer stepped", applicable=False)
-    findings = _unstepped_findings(evidence)
+    findings = replaced + _unstepped_findings(evidence)
     if not [f for f in findings if f.severity == "error"]:
         stuck = _stuck_findings(evidence)
         findings += stuck
@@ -520,4 +603,4 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140,
               probes=('optimizer', 'config', 'sharding'),
-              evidence=(WeightsRestored, BelowPrecision, NeverChange, NotStepped))
+              evidence=(ReplacedBySharding, WeightsRestored, BelowPrecision, NeverChange, NotStepped))

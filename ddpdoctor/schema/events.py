@@ -333,6 +333,25 @@ class OptimizerInfo(Event):
 
 @register_event
 @dataclass(kw_only=True, slots=True)
+class ReplacedParams(Event):
+    """An optimizer that, where it is described (``OptimizerInfo`` at step ``n``), holds tensors a
+    sharding call (``api``: ``fully_shard``) replaced with new parameters after the optimizer took
+    them: built before the call, it steps tensors that are no longer the model's. ``positions`` in
+    its parameter list, their ``names`` (the parameters that took their place, as the model names
+    them) and ``shapes`` before sharding; ``sites``: the calls that replaced them, in order."""
+
+    kind: ClassVar[str] = "replaced_params"
+    opt: int = 0
+    n: int = 1
+    api: str = ""
+    positions: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
+    sites: list[Site] = field(default_factory=list)
+
+
+@register_event
+@dataclass(kw_only=True, slots=True)
 class Step(Event):
     """One optimizer step. ``grads``/``params`` are fingerprints on sampled steps only.
 

@@ -3,11 +3,12 @@ patterns that are correct (several optimizers, ZeRO, frozen parameters, lr 0, EM
 
 from __future__ import annotations
 
-from builders import (SCRIPT, config_state, ddp_rewrap, ddp_wrap, fp, make_evidence, merge, on_all, optimizer, step,
-                      unchanged, usage)
+from builders import (SCRIPT, config_state, ddp_rewrap, ddp_wrap, fp, init_pg, make_evidence, merge, on_all, optimizer,
+                      sharded, site, step, unchanged, usage)
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.optimizer_params import analyze
+from ddpdoctor.schema.events import ReplacedParams
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 
 MODEL = ("conv.weight", "conv.bias", "fc.weight", "fc.bias")
@@ -217,3 +218,55 @@ def test_models_no_optimizer_holds_are_one_info_per_line_not_an_error_each():
     assert finding.evidence["models"] == 3
     assert "the 3 DDP models (wrapped at train.py:74)" in finding.message
     assert finding.location == Location(SCRIPT, 74)  # the models, not an unrelated optimizer
+
+
+# -- FSDP2: an optimizer built before fully_shard ------------------------------------------------
+
+def _replaced(positions, names, lines=(25,), opt=0):
+    return ReplacedParams(opt=opt, api="fully_shard", positions=list(positions), names=list(names),
+                          shapes=[[1] for _ in names], sites=[site(line) for line in lines])
+
+
+def _fsdp2(*events, names=MODEL):
+    """Two ranks that shard the model with fully_shard (line 25, no DDP module) and step an optimizer
+    built at line 23 over ``names``."""
+    return run([init_pg(2), sharded(line=25), optimizer(names, in_ddp=[False] * len(names), built_line=23,
+                                                         type_name="AdamW"),
+                *events, step(1, [None] * len(names), fp(*range(len(names))))])
+
+
+def test_an_optimizer_built_before_fully_shard_is_an_error_at_its_line_naming_the_shard_call():
+    result = _fsdp2(_replaced(range(4), MODEL, lines=(25, 26)))
+    (finding,) = result.findings
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.location == Location(SCRIPT, 23)
+    assert finding.evidence["case"] == "replaced-by-sharding"
+    assert finding.evidence["replaced"] == list(MODEL)
+    assert finding.evidence["sharded_at"] == [{"file": SCRIPT, "line": 25}, {"file": SCRIPT, "line": 26}]
+    assert ("optimizer 0 (AdamW, built at train.py:23) was built before `fully_shard` (at train.py:25 and train.py:26) "
+            "and steps the model's old parameters: all 4 of its tensors (`conv.weight`, `conv.bias`, `fc.weight`, "
+            "`fc.bias`) were replaced by `fully_shard`") in finding.message
+    assert finding.message.endswith("the model never trains")
+    assert "after the last `fully_shard`, from `model.parameters()`" in finding.fix
+    assert result.summary == "the optimizers step tensors that `fully_shard` replaced (ranks 0, 1)"
+
+
+def test_some_tensors_replaced_are_those_parameters_that_never_train():
+    (finding,) = _fsdp2(_replaced([2, 3], ["fc.weight", "fc.bias"])).findings
+    assert "2 of its 4 tensors (`fc.weight`, `fc.bias`)" in finding.message
+    assert finding.message.endswith("these parameters never train")
+
+
+def test_an_optimizer_built_after_fully_shard_keeps_the_sharded_skip():
+    result = _fsdp2()
+    assert result.findings == []
+    assert result.status == "skip"
+    assert "does not check sharded models yet" in result.summary
+
+
+def test_the_replaced_tensors_are_judged_per_rank_and_the_finding_names_the_ranks():
+    events = merge(on_all(2, init_pg(2), sharded(line=25), optimizer(MODEL, in_ddp=[False] * 4, built_line=23)),
+                   {1: [_replaced(range(4), MODEL)]})
+    (finding,) = analyze(make_evidence(2, events)).findings
+    assert finding.ranks == (1,)

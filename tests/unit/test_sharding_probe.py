@@ -1,6 +1,7 @@
 """The sharding probe: fully_shard (1-D and 2-D meshes), FullyShardedDataParallel and replicate()
 recorded once per call site at the user's line, with the module's own class and the mesh, when the
-script imports them after torch; everything restored at the end. One process, a world of 1."""
+script imports them after torch; everything restored at the end. The tensors fully_shard replaced,
+seen at the first step of an optimizer built before it. One process, a world of 1."""
 
 from __future__ import annotations
 
@@ -64,6 +65,57 @@ def test_each_sharding_call_is_recorded_at_its_line_with_its_mesh(tmp_path: Path
     ]
 
 
-def _line(text: str) -> int:
-    (number,) = [i for i, line in enumerate(SCRIPT.splitlines(), 1) if text in line]
+def _line(text: str, script: str = SCRIPT) -> int:
+    (number,) = [i for i, line in enumerate(script.splitlines(), 1) if text in line]
     return number
+
+
+OPTIMIZER_SCRIPT = textwrap.dedent("""
+    from ddpdoctor.rank import probes
+    from ddpdoctor.rank.recorder import Recorder
+    from ddpdoctor.schema.settings import RankSettings
+
+    rec = Recorder(RankSettings.from_env())
+    finish = probes.install(rec)
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    from torch.distributed.fsdp import fully_shard
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    early = torch.optim.AdamW(model.parameters(), lr=0.1)  # before fully_shard
+    extra = nn.Linear(2, 2)
+    mixed = torch.optim.SGD([*model[1].parameters(), *extra.parameters()], lr=0.1)
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    late = torch.optim.AdamW(model.parameters(), lr=0.1)  # after: correct
+    for optimizer in (early, mixed, late):
+        model(torch.ones(3, 4)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+    finish()
+    rec.close()
+""")
+
+
+def test_an_optimizer_built_before_fully_shard_is_seen_holding_the_replaced_tensors(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(OPTIMIZER_SCRIPT)
+    env = {**os.environ, "DDPDOCTOR_EVIDENCE_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True, env=env,
+                   cwd=tmp_path)
+    events = [json.loads(line) for f in tmp_path.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    assert not [e for e in events if e.get("kind") == "probe_error"], events
+    types = {e["opt"]: e["type_name"] for e in events if e.get("kind") == "optimizer"}
+    assert types == {0: "AdamW", 1: "SGD", 2: "AdamW"}
+    found = {e["opt"]: (e["api"], e["positions"], e["names"], e["shapes"], [s[0]["line"] for s in e["sites"]])
+             for e in events if e.get("kind") == "replaced_params"}
+    layers = _line("fully_shard(layer)", OPTIMIZER_SCRIPT)
+    assert found == {
+        # Named as the model names the parameters that took their place, with the shapes they had.
+        0: ("fully_shard", [0, 1, 2, 3], ["0.weight", "0.bias", "1.weight", "1.bias"], [[4, 4], [4], [2, 4], [2]],
+            [layers]),
+        1: ("fully_shard", [0, 1], ["1.weight", "1.bias"], [[2, 4], [2]], [layers]),  # not the unsharded extra
+    }  # and nothing for the optimizer built after fully_shard

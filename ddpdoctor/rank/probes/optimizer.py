@@ -37,11 +37,12 @@ from ddpdoctor.rank import fingerprint as fingerprints
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes import sharding as sharding_probe
 from ddpdoctor.rank.probes import wrapping
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder, StepTiming
-from ddpdoctor.schema.events import ConfigState, OptimizerInfo, Step, UnchangedWeights
+from ddpdoctor.schema.events import ConfigState, OptimizerInfo, ReplacedParams, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
 
@@ -222,6 +223,26 @@ def _describe(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Opti
                            group_sizes=list(state.structure), dtypes=[str(p.dtype) for p in params],
                            frozen_in=[f[0] if f is not None else None for f in frozen] if any(frozen) else [],
                            loaded_at=LOADED_AT.get(optimizer) or [], state_entries=entries, state_step=step))
+    with rec.guard(PROBE, "replaced parameters"):
+        _replaced(rec, state, params)
+
+
+def _replaced(rec: Recorder, state: _OptimizerState, params: list[torch.Tensor]) -> None:
+    """The tensors of this optimizer that ``fully_shard`` replaced after it took them (one lookup by
+    identity per parameter; the model's names for their replacements only when there are some)."""
+    found = [(i, r) for i, r in enumerate(sharding_probe.REPLACED.get(p) for p in params) if r is not None]
+    if not found:
+        return
+    news = {i: r.new() if r.new is not None else None for i, r in found}
+    named = _names_from_live_modules({id(p) for p in news.values() if p is not None})
+    sites: list[list] = []
+    for _, r in found:
+        if r.site not in sites:
+            sites.append(r.site)
+    rec.emit(ReplacedParams(opt=state.index, n=max(1, state.num_steps), api=found[0][1].api,
+                            positions=[i for i, _ in found],
+                            names=[named.get(id(news[i]), r.name) if news[i] is not None else r.name for i, r in found],
+                            shapes=[r.shape for _, r in found], sites=sites))
 
 
 def _state_summary(optimizer: torch.optim.Optimizer) -> tuple[int, Optional[float]]:

@@ -5,6 +5,11 @@ site (``ShardedWrap``), at the user's line, with the mesh it shards over: not-di
 the job trains distributed, and the checks that compare DDP replicas say they do not judge a
 sharded model yet.
 
+``fully_shard`` replaces each parameter of the module with a new DTensor parameter. The tensors it
+replaced are remembered in :data:`REPLACED` (weakly, by identity: nothing is copied, and a tensor
+nothing else holds is forgotten when it is collected), with the line of the call: an optimizer
+built before ``fully_shard`` still holds them, and the optimizer probe says so at its first step.
+
 ``torch.distributed.fsdp`` and ``torch.distributed._composable`` are patched when the script
 imports them (importing them costs a script that never does a good part of a CPU second), under
 every name the function is exported as.
@@ -14,11 +19,14 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ddpdoctor.rank import callsite
 from ddpdoctor.rank.after_import import AfterImport
 from ddpdoctor.rank.probes.patching import patch
+from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import ShardedWrap
 
@@ -36,6 +44,23 @@ FUNCTIONS = (
     (f"{COMPOSABLE}.replicate_with_fsdp", "replicate", "replicate_with_fsdp"),
 )
 HYBRID_STRATEGIES = frozenset({"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"})
+
+REPLACING = frozenset({"fully_shard", "replicate_with_fsdp"})  # the APIs that swap in DTensor parameters
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A parameter that a sharding call replaced: the call, its name in the module handed to it, and
+    the parameter that took its place (weakly)."""
+
+    api: str
+    site: list
+    name: str
+    shape: list[int]
+    new: Optional[weakref.ref]
+
+
+REPLACED: SideTable[Replaced] = SideTable()  # the replaced tensor -> how it was replaced
 
 _inside = threading.local()  # depth of recorded calls: FSDP1's auto-wrapping builds nested instances
 
@@ -62,12 +87,16 @@ def install(rec: Recorder) -> Callable[[], None]:
             def wrapper(module: Any, *args: Any, **kwargs: Any) -> Any:
                 classes = _classes(module)  # before the call: fully_shard swaps in its own class
                 depth = getattr(_inside, "depth", 0)
+                before = _named_parameters(module) if api in REPLACING and not depth else None
                 _inside.depth = depth + 1
                 try:
                     result = original(module, *args, **kwargs)
                 finally:
                     _inside.depth = depth
                 if not depth:
+                    if before:
+                        with rec.guard(PROBE, f"{api} parameters"):
+                            _remember_replaced(api, before, _named_parameters(module))
                     with rec.guard(PROBE, api):
                         mesh = kwargs.get("mesh", kwargs.get("device_mesh"))
                         extra = {"reshard_after_forward": kwargs.get("reshard_after_forward")} \
@@ -124,6 +153,32 @@ def install(rec: Recorder) -> Callable[[], None]:
             hook.remove()
 
     return finish
+
+
+def _named_parameters(module: Any) -> list[tuple[str, Any]]:
+    """(name, parameter) of ``module`` (of each module of a list, names prefixed by its position)."""
+    if isinstance(module, (list, tuple)):
+        return [(f"{i}.{name}", p) for i, m in enumerate(module) for name, p in _named_parameters(m)]
+    named = getattr(module, "named_parameters", None)
+    return list(named()) if callable(named) else []
+
+
+def _remember_replaced(api: str, before: list[tuple[str, Any]], after: list[tuple[str, Any]]) -> None:
+    """The parameters the call replaced (by identity): a name whose tensor is another one now."""
+    now = dict(after)
+    current = {id(p) for _, p in after}
+    site: Optional[list] = None
+    for name, old in before:
+        if id(old) in current or old in REPLACED:
+            continue
+        if site is None:
+            site = callsite.caller_site()
+        new = now.get(name)
+        try:
+            ref = weakref.ref(new) if new is not None else None
+        except TypeError:
+            ref = None
+        REPLACED.set(old, Replaced(api=api, site=site, name=name, shape=[int(n) for n in old.shape], new=ref))
 
 
 def _classes(module: Any) -> str:
