@@ -41,13 +41,13 @@ def _spread(values: list[float]) -> str:
 
 
 def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | None = None,
-                   debug_modes: bool = True) -> None:
+                   debug_modes: bool = True, sharded: bool = False) -> None:
     """Each round runs every configuration once, in turn; a configuration's overhead is its median
     step over plain torchrun's median step in the same round (paired, so the machine's drift between
     rounds cancels), then the median of those ratios over the rounds with their range as the spread.
     Ranks are pinned to a core each."""
     script = WORKLOADS / "mlp_step.py"
-    args = ("--steps", str(steps), "--pin")
+    args = ("--steps", str(steps), "--pin", *(("--fsdp",) if sharded else ()))
     configs: dict[str, tuple] = {}
     for name, (launcher, env, options) in CONFIGS.items():
         if not debug_modes and "DEBUG" in name:
@@ -94,7 +94,8 @@ def bench_overhead(cwd: str, rounds: int, steps: int, baseline_python: str | Non
         rows.append([name, f"{statistics.median(medians[name]):.1f}", f"{statistics.median(ratios[name]):.3f}x",
                      _spread(ratios[name]), f"{statistics.median(mean_ratios[name]):.3f}x", _spread(mean_ratios[name]),
                      crashed])
-    table(f"step overhead: MLP 9x1024 (9.5M params), 2 gloo ranks pinned to a core each, {steps} steps, median and "
+    model = "MLP 9x1024 (9.5M params) sharded with FSDP2" if sharded else "MLP 9x1024 (9.5M params) under DDP"
+    table(f"step overhead: {model}, 2 gloo ranks pinned to a core each, {steps} steps, median and "
           f"mean of the steps after 10 warm-up; each ratio is against plain torchrun in the same round, the median "
           f"over {rounds} interleaved rounds and its range",
           ["configuration", "median step ms", "median vs plain", "range", "mean vs plain", "range", "crashed runs"],

@@ -50,6 +50,9 @@ def main() -> None:
     parser.add_argument("--baseline-python", metavar="PATH",
                         help="overhead: also time the default schedule of the ddpdoctor installed for this Python")
     parser.add_argument("--rounds", type=int, help="overhead: interleaved rounds (default 5, 1 with --quick)")
+    parser.add_argument("--steps", type=int, help="overhead: steps per run (default 200, 40 with --quick)")
+    parser.add_argument("--sharded", action="store_true",
+                        help="overhead: the same MLP sharded with FSDP2 (fully_shard) instead of wrapped in DDP")
     parser.add_argument("--no-debug-modes", action="store_true",
                         help="overhead: leave out torchrun with TORCH_DISTRIBUTED_DEBUG=INFO/DETAIL (quicker rounds)")
     args = parser.parse_args()
@@ -61,21 +64,23 @@ def main() -> None:
     quick = args.quick
     for section in chosen:
         try:
-            run_section(section, cwd, quick, args.baseline_python, args.rounds, not args.no_debug_modes)
+            run_section(section, cwd, quick, args.baseline_python, args.rounds, not args.no_debug_modes, args.sharded,
+                        args.steps)
         except Exception as exc:  # one broken section must not hide the others' tables
             print(f"\n{section}: FAILED: {type(exc).__name__}: {exc}")
         sys.stdout.flush()
 
 
 def run_section(section: str, cwd: str, quick: bool, baseline_python: str | None = None,
-                rounds: int | None = None, debug_modes: bool = True) -> None:
+                rounds: int | None = None, debug_modes: bool = True, sharded: bool = False,
+                steps: int | None = None) -> None:
     if section == "fingerprint":
         bench_fingerprint()
     elif section == "config":
         subprocess.run([PY, str(ROOT / "bench" / "config_cost.py")], check=False)  # its own process group
     elif section == "overhead":
-        bench_overhead(cwd, rounds=rounds or (1 if quick else 5), steps=40 if quick else 200,
-                       baseline_python=baseline_python, debug_modes=debug_modes)
+        bench_overhead(cwd, rounds=rounds or (1 if quick else 5), steps=steps or (40 if quick else 200),
+                       baseline_python=baseline_python, debug_modes=debug_modes, sharded=sharded)
     elif section == "verdict":
         bench_verdict(cwd, rounds=1 if quick else 3)
     elif section == "hangs":

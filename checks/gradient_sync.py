@@ -14,11 +14,11 @@ from ddpdoctor.analysis.symptoms import Divergence as Case
 from ddpdoctor.analysis.symptoms import BuffersDiffer, NotDistributed, ReplicasDiverged
 from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.schema.events import (CommHook, Collective, DDPBypass, DDPRewrap, DeviceSimulation,
-                                     InitProcessGroup, ModuleConversion, Step, Unfrozen)
+                                     InitProcessGroup, ModuleConversion, ShardedWrap, Step, Unfrozen)
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 from ddpdoctor.schema.sampling import describe
 
-from ._common import fmt_ranks, sharded_skip, short_site
+from ._common import fmt_ranks, short_site
 
 ID = "gradient-sync"
 
@@ -50,6 +50,15 @@ Under the CUDA simulation of a CPU-only machine, moving the wrapped model to the
 changes nothing, so the gradients still agree there; the round trip itself is reported as the
 GPU bug it is, when the model trains through the same wrapper after it (a model moved off the GPU
 once training ended and back for testing, as Lightning does between `fit` and `test`, is fine).
+
+A sharded model without DDP is compared by shard. Under HSDP (`fully_shard` on a 2-D replicate x
+shard mesh, FSDP1's `HYBRID_SHARD`) the ranks along the replicate dimension hold the same shard, and
+after every step they must hold the same values of it: the finding names the first step and
+parameter whose shard differs between them (**shard-replicas-differ**). Apart from the first step
+they most likely started apart: `fully_shard` broadcasts nothing (DDP does), so a model built after
+`torch.manual_seed(seed + rank)`, or loaded on some ranks only, keeps each rank's own values, and
+HSDP applies the same averaged gradient to different weights forever. Under pure FSDP (a 1-D mesh)
+every shard exists once: there is no replica to compare, and the summary says so.
 
 Local SGD is not a fault: where the optimizer steps without DDP's gradient all-reduce (inside
 `no_sync()`) and the script all-reduces the parameters every few steps (Accelerate's LocalSGD,
@@ -507,12 +516,85 @@ def _round_trip(evidence: Evidence) -> Optional[Finding]:
                                                    for e in pair]))
 
 
+SHARD_FIX = ("Build the model identically on every rank before `fully_shard` (the same seed, or the same "
+             "checkpoint loaded on every rank: unlike DDP, fully_shard broadcasts nothing, each rank keeps its own "
+             "slice of what it built); seed per-rank randomness (noise, dropout) only after the model is built; "
+             "give every rank the same optimizer settings, and change weights and gradients only identically on "
+             "every rank.")
+
+
+def _sharding_site(evidence: Evidence, rank: int) -> Optional[Location]:
+    """Where ``rank`` first sharded the model (its first fully_shard or FSDP1 call)."""
+    for event in evidence.ranks[rank].of(ShardedWrap):
+        return Location.from_site(event.site)
+    return None
+
+
+def _sharded(evidence: Evidence, sharding: facts.ddp.Sharding) -> CheckResult:
+    """A sharded model without DDP: under HSDP the ranks that hold the same shard (the replicate
+    dimension's peers) must hold the same values; under pure FSDP no rank has a replica to compare."""
+    described = sharding.describe()
+    if not sharding.hybrid:
+        return CheckResult(summary=f"the model is sharded with {described}: each rank holds the only copy of its "
+                                   f"shard, so there is no replica to compare", applicable=False)
+    groups = facts.ddp.replicate_groups(evidence)
+    if groups is None or all(len(g) < 2 for g in groups):
+        return CheckResult(summary=f"the model is sharded with {described}: which ranks hold the same shard was not "
+                                   f"recorded, so the replicas were not compared", applicable=False)
+    if not evidence.any(Step):
+        return CheckResult(summary="no optimizer step observed", applicable=False)
+    div, num_compared = facts.steps.divergence_within(evidence, groups)
+    sizes = "/".join(sorted({str(len(g)) for g in groups}))
+    layout = f"{len(groups)} group{'s' if len(groups) != 1 else ''} of {sizes}"
+    if num_compared == 0:
+        return CheckResult(summary=f"no optimizer step was seen on two ranks holding the same shard ({layout})",
+                           applicable=False)
+    every = facts.steps.fingerprint_every(evidence)
+    sampled = "" if every == 1 else f" (fingerprinted {describe(every)})"
+    if div is None:
+        return CheckResult(summary=f"shards identical across the replicate dimension ({layout}) after "
+                                   f"{num_compared} compared steps{sampled}")
+    rank0 = div.groups[0][0]
+    name, _, _, _ = _param_name(evidence, rank0, div.optimizer, div.index, div.step)
+    odd = [r for g in div.groups[1:] for r in g]
+    ranks = sorted(r for g in div.groups for r in g)
+    diffs = [d for d in (relative_difference(div.values[rank0], div.values[r]) for r in odd) if d is not None]
+    location = _optimizer_site(evidence, rank0, div.optimizer)
+    if div.kind == "grads":
+        what = (f"the gradient of `{name}` differs at optimizer step {div.step} between {fmt_ranks(ranks)}, which "
+                f"hold the same shard of it: HSDP all-reduces each shard's gradient across the replicate dimension, "
+                f"so code changed it after the backward pass on some ranks (clipping, scaling, masking), or a rank "
+                f"stepped without a synchronized backward")
+    elif div.last_identical_step is None:
+        location = _sharding_site(evidence, rank0) or location
+        what = (f"`{name}` differs between {fmt_ranks(ranks)}, which hold the same shard of it, already after the "
+                f"first compared optimizer step ({div.step}), while their gradients agree: the replicas started "
+                f"apart and apply the same averaged gradient to different weights, so they never agree again. "
+                f"`fully_shard` broadcasts nothing (DDP does): a model built after a rank-dependent seed, or loaded "
+                f"on some ranks only, keeps each rank's own values (else the optimizer is configured differently "
+                f"on some ranks)")
+    else:
+        what = (f"`{name}` differs between {fmt_ranks(ranks)}, which hold the same shard of it, after optimizer step "
+                f"{div.step} (identical after step {div.last_identical_step}), while their gradients agree: the "
+                f"weights were changed outside the optimizer, or the optimizer is configured differently, on some "
+                f"ranks")
+    evidence_out = Diverged(case=Case.SHARD_REPLICAS_DIFFER, step=div.step, optimizer=div.optimizer, parameter=name,
+                            compared=div.kind, rank_groups=div.groups,
+                            fingerprints={str(r): v for r, v in sorted(div.values.items())},
+                            relative_difference=max(diffs) if diffs else None,
+                            last_identical_step=div.last_identical_step)
+    finding = Finding(check=ID, severity="error", message=what, fix=SHARD_FIX, ranks=tuple(ranks), location=location,
+                      evidence=evidence_out)
+    return CheckResult(findings=[finding], summary=f"replicas of a shard diverge at step {div.step} "
+                                                   f"({fmt_ranks(ranks)}){sampled}")
+
+
 def analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
-    sharded = sharded_skip(evidence)
+    sharded = facts.ddp.sharded_without_ddp(evidence)
     if sharded is not None:
-        return sharded
+        return _sharded(evidence, sharded)
     if not evidence.any(Step):
         return CheckResult(summary="no optimizer step observed", applicable=False)
     div, num_compared = facts.steps.divergence(evidence)

@@ -1,5 +1,6 @@
 """Benchmark workload: a DDP training loop of an MLP (default 9.5M parameters) that times its own
-steps; rank 0 prints the median and the mean step after 10 warm-up steps.
+steps; rank 0 prints the median and the mean step after 10 warm-up steps. ``--fsdp`` shards the same
+MLP with FSDP2 instead (each Linear, then the root), for the probes' cost on a sharded model.
 
 Run plain under torchrun and under `ddpdoctor check` to measure the probes' per-step cost: the
 median is a step without a fingerprint, the mean counts the fingerprinted ones too. It also prints
@@ -28,6 +29,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=9)
     parser.add_argument("--pin", action="store_true", help="pin each rank to its own core (steadier timings)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="shard the MLP with FSDP2 (fully_shard per Linear, then the root) instead of DDP")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.pin and hasattr(os, "sched_setaffinity"):
@@ -38,7 +41,16 @@ def main() -> None:
     layers: list[nn.Module] = []
     for _ in range(args.depth):
         layers += [nn.Linear(args.width, args.width), nn.ReLU()]
-    model = DistributedDataParallel(nn.Sequential(*layers, nn.Linear(args.width, 10)))
+    net = nn.Sequential(*layers, nn.Linear(args.width, 10))
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        model: nn.Module = fully_shard(net)
+    else:
+        model = DistributedDataParallel(net)
     data = TensorDataset(torch.randn(args.steps * 32 * dist.get_world_size(), args.width),
                          torch.randint(0, 10, (args.steps * 32 * dist.get_world_size(),)))
     sampler = DistributedSampler(data)

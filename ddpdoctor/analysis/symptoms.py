@@ -45,6 +45,7 @@ class Divergence(_Words):
     ALL_REDUCE_DIFFERS = "all-reduce-differs"  # the all-reduce itself did
     PERIODIC_AVERAGING = "periodic-averaging"  # Local SGD: apart by design between averagings
     DEVICE_ROUND_TRIP = "device-round-trip"  # moved off the GPU and back (diverges on a GPU, not simulated)
+    SHARD_REPLICAS_DIFFER = "shard-replicas-differ"  # HSDP: the ranks holding the same shard disagree
 
 
 class HangKind(_Words):

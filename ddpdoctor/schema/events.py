@@ -277,7 +277,9 @@ class ShardedWrap(Event):
     ``replicate()``. ``mesh_shape``/``mesh_dims``: the device mesh it shards (or replicates) over,
     outermost dimension first, its dimension names ("" where unnamed); empty when not known.
     ``hybrid``: HSDP, replicated across the first mesh dimension and sharded within the second (a
-    2-D mesh given to fully_shard, FSDP1's HYBRID_SHARD strategies)."""
+    2-D mesh given to fully_shard, FSDP1's HYBRID_SHARD strategies). ``replicate_group``: the global
+    ranks that hold the same shard as this rank (its peers along the replicate dimension, itself
+    included: only itself without one); empty when not known (older evidence, replicate())."""
 
     kind: ClassVar[str] = "sharded_wrap"
     api: str = ""  # "fully_shard", "FullyShardedDataParallel", "replicate", "replicate_with_fsdp"
@@ -288,6 +290,7 @@ class ShardedWrap(Event):
     reshard_after_forward: Optional[int] = None  # as passed to fully_shard (True/False or an int); None: default
     sharding_strategy: Optional[str] = None  # FSDP1's ShardingStrategy name
     site: Site = field(default_factory=list)
+    replicate_group: list[int] = field(default_factory=list)
 
 
 @register_event

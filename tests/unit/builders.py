@@ -121,12 +121,14 @@ def data_parallel(module: str = "Net", device_ids: Iterable[int] = (0, 1), *, li
 
 
 def sharded(api: str = "fully_shard", module: str = "Net", *, mesh_shape: Iterable[int] = (2,),
-            mesh_dims: Optional[Iterable[str]] = None, hybrid: bool = False, line: int = 19) -> ev.ShardedWrap:
-    """A model sharded (fully_shard, FullyShardedDataParallel) or replicated (replicate) over a mesh."""
+            mesh_dims: Optional[Iterable[str]] = None, hybrid: bool = False, line: int = 19,
+            replicate_group: Iterable[int] = ()) -> ev.ShardedWrap:
+    """A model sharded (fully_shard, FullyShardedDataParallel) or replicated (replicate) over a mesh;
+    ``replicate_group``: the ranks holding the recording rank's shard (empty: not recorded)."""
     shape = list(mesh_shape)
     return ev.ShardedWrap(api=api, module=module, mesh_shape=shape,
                           mesh_dims=list(mesh_dims) if mesh_dims is not None else [""] * len(shape),
-                          hybrid=hybrid, site=site(line))
+                          hybrid=hybrid, site=site(line), replicate_group=list(replicate_group))
 
 
 def optimizer(names: Iterable[str] = ("fc.weight", "fc.bias"), *, in_ddp: Optional[Iterable[bool]] = None,

@@ -10,7 +10,7 @@ from ddpdoctor.analysis.facts.derived import derived
 from ddpdoctor.schema.events import DDPRewrap, DDPUsage, DDPWrap, InitProcessGroup, ShardedWrap
 
 __all__ = ["has_process_group", "wraps", "framework", "usage", "canonical", "Sharding", "sharding",
-           "sharded_without_ddp"]
+           "sharded_without_ddp", "replicate_groups"]
 
 
 @derived
@@ -62,6 +62,9 @@ _API_NAMES = {"fully_shard": "FSDP2", "FullyShardedDataParallel": "FSDP1", "repl
               "replicate_with_fsdp": "replicate() (FSDP2-based)"}
 
 
+_SHARDING_APIS = ("fully_shard", "FullyShardedDataParallel")  # the APIs that give each rank a shard
+
+
 @dataclass(frozen=True)
 class Sharding:
     """How the job's model is sharded or replicated by an API other than the DDP class, as its
@@ -81,7 +84,7 @@ class Sharding:
     @property
     def shards_parameters(self) -> bool:
         """Whether each rank holds a shard of the parameters (replicate() keeps whole replicas)."""
-        return self.api in ("fully_shard", "FullyShardedDataParallel")
+        return self.api in _SHARDING_APIS
 
     def describe(self) -> str:
         """E.g. "FSDP2 on a 1-D mesh of 2", "HSDP (FSDP2) on a 2x2 mesh (replicate x shard)"."""
@@ -114,3 +117,17 @@ def sharded_without_ddp(evidence: Evidence) -> Optional[Sharding]:
     if found is None or not found.shards_parameters or wraps(evidence):
         return None
     return found
+
+
+@derived
+def replicate_groups(evidence: Evidence) -> Optional[list[list[int]]]:
+    """The groups of ranks that hold the same shard of a sharded model (HSDP's peers along the
+    replicate dimension; one rank each under pure FSDP), as every rank's first sharding call
+    recorded them, in rank order; None when a rank recorded none (older evidence, replicate())."""
+    groups: set[tuple[int, ...]] = set()
+    for rank in sorted(evidence.ranks):
+        first = next((e for e in evidence.ranks[rank].of(ShardedWrap) if e.api in _SHARDING_APIS), None)
+        if first is None or not first.replicate_group:
+            return None
+        groups.add(tuple(sorted(first.replicate_group)))
+    return sorted(list(g) for g in groups) or None

@@ -11,7 +11,7 @@ from ddpdoctor.analysis.facts.derived import derived
 from ddpdoctor.schema.events import OptimizerInfo, ProcessStart, Step
 from ddpdoctor.schema.fingerprints import Fingerprint, decode_fingerprints
 
-__all__ = ["Divergence", "Sampled", "fingerprint_every", "optimizer_info", "sampled", "divergence"]
+__all__ = ["Divergence", "Sampled", "fingerprint_every", "optimizer_info", "sampled", "divergence", "divergence_within"]
 
 
 @dataclass(frozen=True)
@@ -70,24 +70,46 @@ def sampled(evidence: Evidence) -> Sampled:
 @derived
 def divergence(evidence: Evidence) -> tuple[Optional[Divergence], int]:
     """The first (step, parameter) whose fingerprints differ across ranks, and how many steps compared."""
+    return divergence_within(evidence, None)
+
+
+def divergence_within(evidence: Evidence, groups: Optional[list[list[int]]]
+                      ) -> tuple[Optional[Divergence], int]:
+    """The first (step, parameter) whose fingerprints differ among the ranks of one of ``groups``
+    (None: all ranks, one group), and how many steps compared (a step with two ranks of a group)."""
     num_compared = 0
     last_identical: dict[int, int] = {}
     steps, without_grads, _ = sampled(evidence)
     for (n, opt), per_rank in steps.items():
         events = {r: e for r, e in per_rank.items() if e.grads is not None} if without_grads else per_rank
-        if len(events) < 2:
+        among = [events] if groups is None else [{r: events[r] for r in g if r in events} for g in groups]
+        among = [group for group in among if len(group) >= 2]
+        if not among:
             continue
         num_compared += 1
         for kind in ("grads", "params"):
-            reference = getattr(events[min(events)], kind)
-            if all(getattr(e, kind) == reference for e in events.values()):
-                continue  # bit-identical replicas, the common case: one string comparison per rank
-            decoded = {r: decode_fingerprints(getattr(e, kind) or "") for r, e in events.items()}
-            length = min(len(d) for d in decoded.values())
-            for i in range(length):
-                values = {r: d[i] for r, d in decoded.items()}
-                groups = group_by_value(values)
-                if len(groups) > 1:
-                    return Divergence(n, opt, i, kind, groups, values, events, last_identical.get(opt)), num_compared
+            for group in among:
+                found = _first_difference(group, kind)
+                if found is not None:
+                    index, values, value_groups = found
+                    return (Divergence(n, opt, index, kind, value_groups, values, group, last_identical.get(opt)),
+                            num_compared)
         last_identical[opt] = n
     return None, num_compared
+
+
+def _first_difference(events: dict[int, Step], kind: str
+                      ) -> Optional[tuple[int, dict[int, Fingerprint], list[list[int]]]]:
+    """(parameter index, each rank's fingerprint, the ranks grouped by it) of the first parameter whose
+    ``kind`` fingerprints differ among ``events``; None when all agree."""
+    reference = getattr(events[min(events)], kind)
+    if all(getattr(e, kind) == reference for e in events.values()):
+        return None  # bit-identical replicas, the common case: one string comparison per rank
+    decoded = {r: decode_fingerprints(getattr(e, kind) or "") for r, e in events.items()}
+    length = min(len(d) for d in decoded.values())
+    for i in range(length):
+        values = {r: d[i] for r, d in decoded.items()}
+        groups = group_by_value(values)
+        if len(groups) > 1:
+            return i, values, groups
+    return None

@@ -1,9 +1,10 @@
 """Probe on the data-parallel APIs other than the DistributedDataParallel class: FSDP2's
 ``fully_shard`` (HSDP when its mesh is 2-D), FSDP1's ``FullyShardedDataParallel`` and the composable
 ``replicate()`` (DDP's, and the FSDP2-based one where torch has it). Each is recorded once per call
-site (``ShardedWrap``), at the user's line, with the mesh it shards over: not-distributed then knows
-the job trains distributed, and the checks that compare DDP replicas say they do not judge a
-sharded model yet.
+site (``ShardedWrap``), at the user's line, with the mesh it shards over and the ranks that hold
+this rank's shard (its replicate group): not-distributed then knows the job trains distributed,
+gradient-sync compares HSDP's replicate-group peers, and the other checks that compare DDP
+replicas say they do not judge a sharded model yet.
 
 ``fully_shard`` replaces each parameter of the module with a new DTensor parameter. The tensors it
 replaced are remembered in :data:`REPLACED` (weakly, by identity: nothing is copied, and a tensor
@@ -79,8 +80,11 @@ def install(rec: Recorder) -> Callable[[], None]:
         mesh = mesh if mesh is not None else _mesh_of(modules)
         shape, dims = _mesh_info(mesh) if mesh is not None or groups is None else _groups_info(groups)
         hybrid = fields.pop("hybrid", False) or (api == "fully_shard" and len(shape) >= 2)
-        rec.emit(ShardedWrap(api=api, module=classes, mesh_shape=shape,
-                             mesh_dims=dims, hybrid=hybrid, site=site, **fields))
+        peers = fields.pop("replicate_group", [])
+        if mesh is not None and api != "replicate":
+            peers = _replicate_group(mesh)
+        rec.emit(ShardedWrap(api=api, module=classes, mesh_shape=shape, mesh_dims=dims, hybrid=hybrid,
+                             site=site, replicate_group=peers, **fields))
 
     def wrap_function(api: str) -> Callable[[Any], Any]:
         def make(original: Any) -> Any:
@@ -125,7 +129,8 @@ def install(rec: Recorder) -> Callable[[], None]:
                     groups = [getattr(self, "_inter_node_pg", None)] if hybrid else []
                     groups.append(getattr(self, "process_group", None))  # the shard group, innermost
                     record("FullyShardedDataParallel", module, classes, kwargs.get("device_mesh"), groups,
-                           hybrid=hybrid, sharding_strategy=strategy)
+                           hybrid=hybrid, sharding_strategy=strategy,
+                           replicate_group=_group_ranks(groups[0]) if hybrid else _group_ranks(None))
 
         return __init__
 
@@ -204,6 +209,33 @@ def _mesh_info(mesh: Any) -> tuple[list[int], list[str]]:
     shape = [int(n) for n in getattr(mesh, "shape", ())]
     names = getattr(mesh, "mesh_dim_names", None) or ()
     return shape, [str(n) for n in names] if names else [""] * len(shape)
+
+
+def _replicate_group(mesh: Any) -> list[int]:
+    """The global ranks that hold this rank's shard: its peers along the first (replicate) dimension
+    of a mesh of two dimensions or more, itself alone on a 1-D mesh; [] when not known (this rank is
+    not in the mesh)."""
+    try:
+        coordinate = mesh.get_coordinate()
+        layout = mesh.mesh
+        if coordinate is None:
+            return []
+        if len(coordinate) < 2:
+            return [int(layout[tuple(coordinate)])]
+        return [int(r) for r in layout[(slice(None), *coordinate[1:])].reshape(-1).tolist()]
+    except (AttributeError, TypeError, IndexError, RuntimeError):
+        return []
+
+
+def _group_ranks(group: Optional[Any]) -> list[int]:
+    """The global ranks of a process group (FSDP1's replicate group); this rank alone for None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return []
+    try:
+        return [int(r) for r in dist.get_process_group_ranks(group)] if group is not None else [dist.get_rank()]
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return []
 
 
 def _world_group() -> Optional[Any]:
