@@ -38,6 +38,11 @@ A save under `if rank == 0:` followed by a collective inside that block (`dist.b
 writer, as it should be: the save is not the problem, the collective only rank 0 calls is, and
 `collective-hang` reports it at the collective's line.
 
+Under FSDP the same holds for a full state dict: gathering it (`get_model_state_dict(model,
+options=StateDictOptions(full_state_dict=True, cpu_offload=True))`) is a collective every rank calls,
+and only the `torch.save` after it belongs under `if rank == 0:`. DCP (`dcp.save` from every rank)
+needs no guard at all.
+
 ## Why it matters
 Checkpoints are the only thing a long run leaves behind. Two ranks writing one file, or a rank
 reading a half-written file, corrupt weeks of training silently. With `--nnodes 2` code that saves
@@ -137,6 +142,20 @@ def _writers(saves: list[tuple[int, Save]]) -> dict[str, dict[int, list[Save]]]:
     return by_path
 
 
+def _one_writer_fix(evidence: Evidence) -> str:
+    """How to save with one writer; for a sharded model (FSDP), keep the gather on every rank."""
+    one_writer = ("Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
+                  "node), then dist.barrier() before anyone reads it.")
+    sharding = facts.ddp.sharding(evidence)
+    if sharding is None or not sharding.shards_parameters:
+        return one_writer
+    return ("Keep gathering the full state dict on every rank (`get_model_state_dict(model, options="
+            "StateDictOptions(full_state_dict=True, cpu_offload=True))` is a collective: called on rank 0 alone it "
+            "hangs), then put only the torch.save under `if dist.get_rank() == 0:` (not LOCAL_RANK, which is 0 once "
+            "per node) and call dist.barrier() before anyone reads it. Or let every rank save its own shards with "
+            "torch.distributed.checkpoint: `dcp.save(state, checkpoint_id=directory)`.")
+
+
 def _multi_writer(evidence: Evidence, by_path) -> list[Finding]:
     findings = []
     for path, per_rank in sorted(by_path.items()):
@@ -146,9 +165,7 @@ def _multi_writer(evidence: Evidence, by_path) -> list[Finding]:
             findings.append(Finding(
                 check=ID, severity="error", ranks=tuple(ranks), location=_loc(first),
                 message=f"{fmt_ranks(ranks)} all wrote {path}: concurrent writers can leave a torn or mixed file",
-                fix=frameworks.fix(evidence, "save", (
-                    "Save on the global rank 0 only (`if dist.get_rank() == 0:`, not LOCAL_RANK, which is 0 once per "
-                    "node), then dist.barrier() before anyone reads it.")),
+                fix=frameworks.fix(evidence, "save", _one_writer_fix(evidence)),
                 evidence=SeveralWriters(path=path, writes={str(r): len(v) for r, v in sorted(per_rank.items())},
                                         bytes=first.bytes),
             ))

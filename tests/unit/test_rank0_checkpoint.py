@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from builders import SCRIPT, collective, dcp, ddp_wrap, load, make_evidence, save
+from builders import SCRIPT, collective, dcp, ddp_wrap, load, make_evidence, save, sharded
 
 from ddpdoctor.analysis.api import Location
 from ddpdoctor.checks.rank0_checkpoint import analyze
@@ -260,3 +260,21 @@ def test_no_checkpoint_is_skipped():
     result = analyze(make_evidence(2, [collective("all_reduce", 1)]))
     assert result.status == "skip"
     assert result.summary == "no checkpoint saved or loaded"
+
+
+def test_two_writers_of_a_sharded_models_checkpoint_keep_the_gather_on_every_rank_in_the_fix():
+    """Under FSDP the fix must not send the gather (a collective) under `if rank == 0:` with the save."""
+    evidence = make_evidence(2, [sharded(), save(CKPT)])
+    (finding,) = analyze(evidence).findings
+    assert finding.severity == "error"
+    assert finding.ranks == (0, 1)
+    assert finding.message == f"ranks 0, 1 all wrote {CKPT}: concurrent writers can leave a torn or mixed file"
+    assert finding.fix.startswith("Keep gathering the full state dict on every rank (`get_model_state_dict(")
+    assert "put only the torch.save under `if dist.get_rank() == 0:`" in finding.fix
+    assert "dcp.save(state, checkpoint_id=directory)" in finding.fix
+
+
+def test_replicate_keeps_the_plain_one_writer_fix():
+    """replicate() holds whole replicas: there is no gather to keep on every rank."""
+    (finding,) = analyze(make_evidence(2, [sharded("replicate"), save(CKPT)])).findings
+    assert finding.fix.startswith("Save on the global rank 0 only (`if dist.get_rank() == 0:`")
