@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-__all__ = ["classify", "live_state", "DDP_FILE", "STATES", "DDP_GRADIENT_ALLREDUCE"]
+__all__ = ["classify", "live_state", "in_backward", "DDP_FILE", "STATES", "DDP_GRADIENT_ALLREDUCE"]
 
 DDP_FILE = "torch/nn/parallel/distributed.py"
 # (function or code fragment in DDP's own frames, what the rank waits in), most specific first.
@@ -34,6 +34,14 @@ _KNOWN_BUSY = (
     ("torch/distributed/checkpoint", "torch.distributed.checkpoint"),
 )
 BACKWARD = "the backward pass (DDP's gradient all-reduce)"
+# The backward's entry points: while autograd's engine runs a backward (on this thread on the CPU, on
+# its own threads on a GPU) the main thread sits in one of these. Not any frame under torch/autograd:
+# `torch/autograd/function.py apply` is also a custom Function's *forward* (a DTensor redistribute
+# inside get_model_state_dict, FSDP's own functions), which runs no backward.
+_AUTOGRAD_DIR = "torch/autograd/"
+_AUTOGRAD_API = "torch/autograd/__init__.py"  # torch.autograd.backward / grad and their helpers
+_TENSOR_FILE = "torch/_tensor.py"  # Tensor.backward
+_BACKWARD_FUNCTIONS = frozenset({"backward", "grad", "_engine_run_backward", "_make_grads"})
 DDP_GRADIENT_ALLREDUCE = "DDP's gradient all-reduce (in backward)"
 
 # The live view's states, in the words it shows.
@@ -43,6 +51,16 @@ STATES = ("starting", "importing", "computing", "waiting", "loading data", "savi
 
 def _files(stack: list[dict[str, Any]]) -> list[str]:
     return [(f.get("file") or "").replace("\\", "/") for f in stack]
+
+
+def in_backward(stack: list[dict[str, Any]]) -> bool:
+    """Whether the stack is inside a backward pass: a frame of one of autograd's backward entry points."""
+    for frame, path in zip(stack, _files(stack)):
+        if path.endswith(_AUTOGRAD_API):
+            return True
+        if (_AUTOGRAD_DIR in path or path.endswith(_TENSOR_FILE)) and frame.get("function") in _BACKWARD_FUNCTIONS:
+            return True
+    return False
 
 
 def classify(stack: list[dict[str, Any]], activity: str = "") -> tuple[str, Optional[str]]:
@@ -58,7 +76,7 @@ def classify(stack: list[dict[str, Any]], activity: str = "") -> tuple[str, Opti
         for needle, what in _DDP_WAITS:
             if needle == innermost.get("function") or needle in (innermost.get("code") or ""):
                 return "waiting", what
-    if any("torch/autograd" in path for path in files):
+    if in_backward(stack):
         return "waiting", BACKWARD
     if any("torch/distributed" in path for path in files):
         inner: dict[str, Any] = next(
@@ -96,7 +114,7 @@ def live_state(stack: list[dict[str, Any]], activity: str = "", *,
     files = _files(stack)
     if not stack:
         return "starting", None
-    if any("torch/autograd" in path for path in files):
+    if in_backward(stack):
         return ("waiting", DDP_GRADIENT_ALLREDUCE) if gradients_complete else ("computing", "backward")
     for path, frame in zip(reversed(files), reversed(stack)):
         if "torch/serialization.py" in path or "torch/distributed/checkpoint" in path:

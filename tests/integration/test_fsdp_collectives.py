@@ -59,3 +59,26 @@ def test_on_the_world_group_the_divergence_is_fsdps_all_gather_against_the_barri
     assert evidence["timeline"]["1"]["24"] == (f"reduce_scatter_single of float32[272] in FSDP's backward at "
                                                f"hang_fsdp_uneven_inputs.py:{BACKWARD_LINE}")
     assert hang["location"]["line"] == BARRIER_LINE
+
+
+GATHER_FIXTURE = "hang_fsdp2_gather_rank0_only.py"
+GATHER_LINE = 34  # full = get_model_state_dict(...), under `if rank == 0:`
+GATHER_BARRIER_LINE = 36  # dist.barrier()
+
+
+def test_a_full_state_dict_gathered_on_rank_0_only_hangs_in_the_gather_not_in_a_backward(run_check):
+    """get_model_state_dict is a collective: on rank 0 alone it blocks in a DTensor redistribute's
+    all-gather, whose forward runs in `torch/autograd/function.py apply`; that frame is no backward."""
+    run = run_check(GATHER_FIXTURE, "--hang-timeout", "5")
+    assert run.report["outcome"] == "hung", run.output[-3000:]
+    assert run.found() == {("collective-hang", "error")}, run.findings()
+    (hang,) = run.findings("collective-hang", "error")
+    states = hang["evidence"]["ranks"]
+    assert {r: s["state"] for r, s in states.items()} == {"0": "waiting", "1": "waiting"}
+    assert states["0"]["waiting_in"] == "a torch.distributed call (wait_tensor)"
+    assert states["0"]["where"]["line"] == GATHER_LINE
+    assert states["1"]["waiting_in"] == "barrier #1"
+    assert states["1"]["where"]["line"] == GATHER_BARRIER_LINE
+    assert "backward" not in hang["message"]
+    assert (f"rank 0 waits in a torch.distributed call (wait_tensor) at {GATHER_FIXTURE}:{GATHER_LINE}"
+            in hang["message"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpdoctor.schema.observations import Heartbeat
+from ddpdoctor.schema.rank_state import live_state
 from ddpdoctor.supervisor.hang import MIN_ADAPTIVE_S, STEP_FACTOR, HangDetector, classify
 
 
@@ -105,3 +106,28 @@ def test_a_large_save_or_a_slow_loader_is_busy_not_waiting():
 
 def test_the_users_own_code_is_computing():
     assert classify([frame("/job/train.py", "main", user=True)], beat()) == ("computing", None)
+
+
+def test_a_custom_functions_forward_under_autograd_is_not_the_backward():
+    """`torch/autograd/function.py apply` is also a Function's forward: a full state dict gathered on
+    one rank only blocks in a DTensor redistribute's all-gather, not in a backward (issue #32)."""
+    stack = [frame("/job/train.py", "main", user=True),
+             frame(f"{TORCH}/distributed/checkpoint/state_dict.py", "get_model_state_dict"),
+             frame(f"{TORCH}/distributed/_state_dict_utils.py", "dtensor_func"),
+             frame(f"{TORCH}/distributed/tensor/_api.py", "redistribute"),
+             frame(f"{TORCH}/autograd/function.py", "apply"),
+             frame(f"{TORCH}/distributed/tensor/_redistribute.py", "forward"),
+             frame(f"{TORCH}/distributed/_functional_collectives.py", "wait_tensor"),
+             frame(f"{TORCH}/_ops.py", "__call__"),
+             frame(f"{TORCH}/_library/autograd.py", "autograd_impl")]
+    assert classify(stack, beat()) == ("waiting", "a torch.distributed call (wait_tensor)")
+    assert live_state(stack) == ("saving a checkpoint", None)  # get_model_state_dict: torch/distributed/checkpoint
+
+
+@pytest.mark.parametrize("entry", [(f"{TORCH}/_tensor.py", "backward"), (f"{TORCH}/autograd/__init__.py", "backward"),
+                                   (f"{TORCH}/autograd/__init__.py", "grad"),
+                                   (f"{TORCH}/autograd/graph.py", "_engine_run_backward")])
+def test_the_backward_is_recognised_by_its_entry_points(entry):
+    stack = [frame("/job/train.py", "main", user=True), frame(*entry), frame(f"{TORCH}/autograd/function.py", "apply")]
+    assert classify(stack, beat()) == ("waiting", "the backward pass (DDP's gradient all-reduce)")
+    assert live_state(stack) == ("computing", "backward")
