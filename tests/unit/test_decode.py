@@ -35,6 +35,9 @@ CAPTURED = {
     "watchdog-timeout": "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, "
     "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600030 milliseconds before timing out.",
     "invalid-ordinal": "CUDA error: invalid device ordinal\nGPU device may be out of range, do you have enough GPUs?",
+    # torch 2.13: an FSDP2-sharded nn.Linear's `.forward(x)` called directly
+    "fsdp-forward-bypass": "aten.addmm.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor "
+    "to DTensor before calling distributed operators!",
     "negative-index": "Device index must not be negative",  # x.cuda(-1): `--local_rank` left at -1 under torchrun
 }
 
@@ -50,6 +53,7 @@ CAPTURED = {
     ("watchdog-timeout", "nccl-watchdog-timeout", True),
     ("invalid-ordinal", "invalid-device-ordinal", False),
     ("negative-index", "negative-device-index", False),
+    ("fsdp-forward-bypass", "fsdp-hooks-bypassed", False),
 ])
 def test_captured_error_texts_decode_to_their_cause(captured, code, secondary):
     decoded = decode(CAPTURED[captured])
@@ -75,6 +79,13 @@ def test_a_cause_written_only_to_the_ranks_output_is_found_there():
     assert decoded.code == "duplicate-gpu"
     assert decoded.detail == "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1a000"
     assert decode(generic).code == "nccl-invalid-usage"
+
+
+def test_a_forward_that_bypassed_fsdps_hooks_names_the_call_and_the_operator():
+    decoded = decode(CAPTURED["fsdp-forward-bypass"])
+    assert "without FSDP's pre-forward hook" in decoded.cause
+    assert decoded.fix.startswith("Call the module itself (`module(x)`), not `module.forward(x)`")
+    assert decoded.detail == "aten.addmm.default got mixed torch.Tensor and DTensor"
 
 
 def test_a_device_assert_names_the_failed_assertion_from_the_output():
