@@ -161,7 +161,10 @@ def build_plan(config: RunConfig, script: str, evidence_dir: str, *,
         if config.launch == "auto":  # guessed from the source: the launcher may still ask for torchrun
             env[settings.SPAWN_GUESSED] = "1"
         return LaunchPlan(mode=mode, commands=[bootstrap], env=env, scheduler=scheduler)
-    port = free_port()
+    # One agent hosts the rendezvous store on a port the OS gives it when it binds (as torchrun's
+    # --standalone does): a port picked here and bound later can be taken in between by another job's
+    # socket on a busy machine (EADDRINUSE). Several simulated nodes must all know the port in advance.
+    port = free_port() if config.nnodes > 1 else 0
     run_id = f"ddpdoctor-{uuid.uuid4().hex[:8]}"
     commands, outputs = [], []
     for node in range(config.nnodes):
