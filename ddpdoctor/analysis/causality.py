@@ -10,11 +10,14 @@ exit code.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
 
 from ddpdoctor.analysis.api import Explains, Finding
 
-__all__ = ["Rule", "rules_of", "installed_rules", "link"]
+if TYPE_CHECKING:
+    from ddpdoctor.analysis.registry import LoadedCheck
+
+__all__ = ["Rule", "rules_of", "rules_for", "installed_rules", "link"]
 
 Predicate = Callable[[Finding], bool]
 
@@ -35,6 +38,11 @@ def rules_of(declared: Iterable[tuple[str, Explains]]) -> tuple[Rule, ...]:
     return tuple(sorted(rules, key=lambda r: r.priority))
 
 
+def rules_for(checks: Iterable[LoadedCheck]) -> tuple[Rule, ...]:
+    """The rules these loaded checks declare (a broken one declares none)."""
+    return rules_of((c.id, e) for c in checks if c.check is not None for e in c.check.explains)
+
+
 def _of_check(check_id: str, cause: Predicate) -> Predicate:
     return lambda finding: finding.check == check_id and cause(finding)
 
@@ -53,7 +61,7 @@ def installed_rules() -> tuple[Rule, ...]:
     """The rules every loadable check declares (built-ins and plugins)."""
     from ddpdoctor.analysis.registry import load_checks
 
-    return rules_of((c.id, e) for c in load_checks() if c.check is not None for e in c.check.explains)
+    return rules_for(load_checks())
 
 
 def link(findings: list[Finding], rules: Optional[tuple[Rule, ...]] = None) -> list[Finding]:

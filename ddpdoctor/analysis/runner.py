@@ -54,8 +54,7 @@ def analyze(evidence: Evidence, checks: Optional[list[LoadedCheck]] = None, *,
         left_out = interruption.leave_out_cut_off(evidence)
     outcomes = [_run_one(loaded, evidence) for loaded in checks]
     raw = [f for o in outcomes for f in o.result.findings]
-    rules = causality.rules_of((c.id, e) for c in checks if c.check is not None for e in c.check.explains)
-    roots, suppressed, unused = suppression.apply(causality.link(raw, rules), suppressions or [])
+    roots, suppressed, unused = suppression.apply(causality.link(raw, causality.rules_for(checks)), suppressions or [])
     reasons = {f.check: s.reason for f, s in suppressed}
     explained_by = {c.check: r.check for r in roots for c in r.consequences}
     for outcome in outcomes:

@@ -251,9 +251,6 @@ class RawEvidence(EvidenceRecord):
         for key, value in self.data.items():
             yield key, value, _CONVENTIONAL[key] if key in _CONVENTIONAL else FieldInfo()
 
-    def keys(self) -> Any:
-        return self.data.keys()
-
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RawEvidence):
             return dict(self.data) == dict(other.data)

@@ -81,16 +81,16 @@ def _installers(rec: Recorder) -> Iterator[tuple[str, str]]:
     """(probe name, "module:function"): the built-ins, then (looked up only once those are in) the plugins'."""
     for name in PROBE_MODULES:
         yield name, f"ddpdoctor.rank.probes.{name}:install"
-    yield from _found(rec, "plugins", plugins.plugin_probes)
+    yield from _plugin_probes(rec)
 
 
-def _found(rec: Recorder, what: str, find: Callable[[], list[tuple[str, str]]]) -> list[tuple[str, str]]:
-    """The probes ``find`` lists (none under DDPDOCTOR_DISABLE_PLUGINS=1 for plugins); unreadable package
-    metadata is recorded as a failed probe, and broken plugins are the supervisor's to report."""
+def _plugin_probes(rec: Recorder) -> list[tuple[str, str]]:
+    """(check id, "module:function") of every third-party probe (none under DDPDOCTOR_DISABLE_PLUGINS=1);
+    unreadable package metadata is recorded as a failed probe, broken plugins are the supervisor's to report."""
     try:
-        return find()
-    except Exception as exc:
-        rec.probe_failed(what, exc, phase="install")
+        return plugins.plugin_probes()
+    except Exception as exc:  # the built-in probes still run
+        rec.probe_failed("plugins", exc, phase="install")
         return []
 
 
