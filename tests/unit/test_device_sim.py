@@ -688,3 +688,47 @@ def test_sync_batch_norm_math_equals_batch_norm_over_the_concatenated_batch(shap
     torch.testing.assert_close(running[1][0], running_mean)
     torch.testing.assert_close(running_mean, reference.running_mean)
     torch.testing.assert_close(running_var, reference.running_var)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-rank gloo process group in this process (FSDP1 needs one to wrap anything)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("device_id", [0, torch.device("cuda", 0), "no device_id"])
+def test_fsdp1_wraps_a_simulated_gpu_module_in_its_cpu_mode(sim, one_rank_group, device_id):
+    """FSDP1 given a GPU (``torch.device(0)`` raises on a CPU build) or nothing (it refuses a CPU
+    module) runs in its CPU mode; sync_module_states broadcasts the simulated GPU (CPU) tensors."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    kwargs = {} if device_id == "no device_id" else {"device_id": device_id}
+    model = FullyShardedDataParallel(nn.Linear(4, 2).cuda(), sync_module_states=True, **kwargs)
+    model(torch.randn(3, 4, device="cuda")).sum().backward()
+    assert model.compute_device == torch.device("cpu")
+    calls = last_event(sim)["calls"]
+    assert calls["FSDP device_id->cpu"] == 1 and calls["FSDP sync_module_states on cpu"] == 1
+
+
+def test_fsdp1_full_state_dict_offloaded_to_the_cpu_keeps_the_parameters(sim, one_rank_group):
+    """``offload_to_cpu=True`` would free FSDP1's CPU flat parameter (its unshard then reads a storage of
+    size 0): under simulation the state dict is gathered in place, with the trained values."""
+    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 2)
+    expected = {k: v.clone() for k, v in plain.state_dict().items()}
+    model = FullyShardedDataParallel(plain.cuda(), device_id=0)
+    with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                                                  FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+        state = model.state_dict()
+    assert {k: v.tolist() for k, v in state.items()} == {k: v.tolist() for k, v in expected.items()}
+    assert type(FullyShardedDataParallel.__dict__["set_state_dict_type"]) is staticmethod
+    model.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)  # still a staticmethod on an instance
+    assert last_event(sim)["calls"]["FSDP state dict offload_to_cpu->in place"] == 1

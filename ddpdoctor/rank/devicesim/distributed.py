@@ -1,5 +1,5 @@
 """NCCL becomes gloo; DDP's ``device_ids`` / ``output_device`` are dropped for CPU modules;
-single-process ``nn.DataParallel`` runs its module on the CPU.
+FSDP1's ``device_id`` becomes the CPU; single-process ``nn.DataParallel`` runs its module on the CPU.
 
 After ``init_process_group("nccl")`` under simulation, ``dist.get_backend()`` honestly answers
 "gloo": torch's own code (DDP, SyncBatchNorm, collectives) asks it to pick code paths, and gloo's
@@ -8,6 +8,7 @@ are the ones that run. The report's ``backend`` is "gloo" too; ``device_simulati
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Callable
 
@@ -93,6 +94,7 @@ def install(rec: Recorder, ledger: Ledger) -> None:
     patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_ddp_init)
     _install_data_parallel(rec, ledger)
     _install_device_mesh(rec, ledger)
+    _install_fsdp1(rec, ledger)
 
 
 def _install_data_parallel(rec: Recorder, ledger: Ledger) -> None:
@@ -131,3 +133,83 @@ def _install_device_mesh(rec: Recorder, ledger: Ledger) -> None:
 
     if hasattr(device_mesh, "init_device_mesh"):
         patch(rec, PROBE, device_mesh, "init_device_mesh", wrap)
+
+
+FSDP1_DEVICE_ID = "FSDP device_id->cpu"
+FSDP1_SYNC_STATES = "FSDP sync_module_states on cpu"
+FSDP1_OFFLOAD = "FSDP state dict offload_to_cpu->in place"
+
+
+def _install_fsdp1(rec: Recorder, ledger: Ledger) -> None:
+    """``FullyShardedDataParallel(module, device_id=...)`` on the CPU. A GPU script passes its GPU
+    (``local_rank``, ``torch.device("cuda", i)``, or nothing after ``torch.cuda.set_device``); FSDP1
+    turns an index into ``torch.device(i)``, which a CPU build refuses ("Cannot access accelerator
+    device when none is available"), and without one it refuses a CPU module ("FSDP needs a non-CPU
+    accelerator device"). ``device_id=torch.device("cpu")`` is FSDP1's own CPU mode (gloo): the
+    nested wrappers an auto-wrap policy builds inherit it from the root's arguments."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return
+    import torch
+
+    def wrap_init(original):
+        def __init__(self, module, *args, **kwargs):
+            try:
+                bound = _bound(original, (self, module, *args), kwargs)
+            except TypeError:
+                return original(self, module, *args, **kwargs)
+            arguments = bound.arguments
+            device_id = arguments.get("device_id")
+            if device_id is None or is_cuda(device_id):
+                ledger.count(FSDP1_DEVICE_ID)
+                if isinstance(device_id, int) and not isinstance(device_id, bool):
+                    ledger.device(device_id)
+                elif isinstance(device_id, torch.device) and device_id.index is not None:
+                    ledger.device(device_id.index)
+                arguments["device_id"] = torch.device("cpu")
+            return original(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patch(rec, PROBE, FullyShardedDataParallel, "__init__", wrap_init)
+
+    def kept_in_place(config: Any) -> Any:
+        """The state-dict config without ``offload_to_cpu``: the tensors are on the CPU already, and
+        FSDP1 "offloading" its CPU flat parameter frees the only copy (its unshard then reads a storage
+        of size 0, or crashes in native code)."""
+        if getattr(config, "offload_to_cpu", False) and dataclasses.is_dataclass(config):
+            ledger.count(FSDP1_OFFLOAD)
+            return dataclasses.replace(config, offload_to_cpu=False)
+        return config
+
+    def wrap_set_state_dict_type(original):
+        def set_state_dict_type(*args, **kwargs):
+            try:
+                bound = _bound(original, args, kwargs)
+            except TypeError:
+                return original(*args, **kwargs)
+            for name in ("state_dict_config", "optim_state_dict_config"):
+                if bound.arguments.get(name) is not None:
+                    bound.arguments[name] = kept_in_place(bound.arguments[name])
+            return original(*bound.args, **bound.kwargs)
+
+        return set_state_dict_type
+
+    patch(rec, PROBE, FullyShardedDataParallel, "set_state_dict_type", wrap_set_state_dict_type)
+
+    try:
+        import torch.distributed.fsdp._init_utils as init_utils
+    except ImportError:
+        return
+
+    def wrap_sync_check(original):
+        def _check_module_states_for_sync_module_states(module_states):
+            """``sync_module_states=True`` refuses CPU tensors (NCCL broadcasts none); every simulated
+            GPU tensor is one, and gloo broadcasts them."""
+            ledger.count(FSDP1_SYNC_STATES)
+
+        return _check_module_states_for_sync_module_states
+
+    if hasattr(init_utils, "_check_module_states_for_sync_module_states"):
+        patch(rec, PROBE, init_utils, "_check_module_states_for_sync_module_states", wrap_sync_check)

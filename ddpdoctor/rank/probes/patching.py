@@ -7,6 +7,7 @@ report says which checks it leaves incomplete instead of passing silently.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable
 
 from ddpdoctor.rank.recorder import Recorder
@@ -38,6 +39,9 @@ def patch(rec: Recorder, probe: str, owner: Any, name: str, make_wrapper: Callab
         except (AttributeError, TypeError):
             pass
         setattr(wrapper, _WRAPPED_BY, wrapped_by | {probe})
+    static = isinstance(owner, type) and isinstance(inspect.getattr_static(owner, name, None), staticmethod)
+    if static:  # a class's staticmethod stays one (called on instances too), and is restored as one
+        original, wrapper = inspect.getattr_static(owner, name), staticmethod(wrapper)
     _PATCHES.append((owner, name, original))
     setattr(owner, name, wrapper)
 
