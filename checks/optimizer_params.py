@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddpdoctor.analysis import facts
-from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
+from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Explains, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.schema.events import ConfigState, DDPWrap, OptimizerInfo, ReplacedParams, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import decode_fingerprints
 
 from ddpdoctor.schema.findings import ABSENT
+
+from ddpdoctor.analysis.symptoms import RankFailed
 
 from ._common import fmt_ranks, sharded_skip, short_site
 
@@ -38,7 +40,8 @@ an optimizer's tensors must be the model's own. It is an error when:
   sees it directly: at the optimizer's first step, it holds a tensor that a `fully_shard` call
   took out of the model (by identity, nothing copied). The error is at the optimizer's line,
   names the `fully_shard` line and the parameters; with no DDP module this is what the check
-  judges of a sharded model;
+  judges of a sharded model. FSDP1 (`FullyShardedDataParallel`) with `use_orig_params=False`
+  (its default) does the same with its flat parameters, and is reported the same way;
 - no optimizer steps the model's parameters: the optimizers hold other tensors (a
   `copy.deepcopy` of the model, tensors replaced after the optimizer was built) that get no
   gradient, so the model's weights never change;
@@ -367,14 +370,22 @@ def _replaced_finding(*, ranks: list[int], event: ReplacedParams, info: Optimize
     names = ", ".join(f"`{n}`" for n in event.names[:6]) + (f" and {count - 6} more" if count > 6 else "")
     where = " and ".join(short_site(loc) for loc in sites[:3]) + (" ..." if len(sites) > 3 else "") or "?"
     held = f"all {count} of its tensors" if count == total else f"{count} of its {total} tensors"
+    flat = api == "FullyShardedDataParallel"  # FSDP1 with use_orig_params=False: FlatParameters
+    replacement = "its flat parameters (`use_orig_params=False`)" if flat else "new sharded parameters"
     message = (f"optimizer {info.opt} ({info.type_name}, built at {short_site(built_at)}) was built before "
                f"`{api}` (at {where}) and steps the model's old parameters: {held} ({names}) were replaced by "
-               f"`{api}` with new sharded parameters. The forward and backward use the new ones, so the tensors "
+               f"`{api}` with {replacement}. The forward and backward use the new ones, so the tensors "
                f"the optimizer steps never get a gradient, and "
                f"{'the model never trains' if count == total else 'these parameters never train'}")
-    fix = (f"Build the optimizer after the last `{api}`, from `model.parameters()` (the sharded parameters): shard "
-           f"every layer and the root first, then `optimizer = torch.optim.{info.type_name or 'AdamW'}"
-           f"(model.parameters(), ...)`.")
+    build = f"`optimizer = torch.optim.{info.type_name or 'AdamW'}(model.parameters(), ...)`"
+    if flat:
+        fix = (f"Build the optimizer after wrapping, from the wrapper's parameters: `model = "
+               f"FullyShardedDataParallel(model, ...)`, then {build}; or pass `use_orig_params=True`, which keeps "
+               "the original parameters (Accelerate: `fsdp_use_orig_params: true`, the default of `accelerate "
+               "launch`).")
+    else:
+        fix = (f"Build the optimizer after the last `{api}`, from `model.parameters()` (the sharded parameters): "
+               f"shard every layer and the root first, then {build}.")
     return Finding(check=ID, severity="error", message=message, fix=fix, ranks=tuple(ranks), location=built_at,
                    evidence=ReplacedBySharding(optimizer=info.opt, api=api, replaced=list(event.names),
                                                optimizer_tensors=total,
@@ -601,6 +612,29 @@ def analyze(evidence: Evidence) -> CheckResult:
     return CheckResult(summary="the optimizers step every parameter the DDP models train")
 
 
+def _replaced_by_flat_params(finding: Finding) -> bool:
+    return isinstance(finding.evidence, ReplacedBySharding) and finding.evidence.api == "FullyShardedDataParallel"
+
+
+_FSDP1_OPTIM_STATE = ("torch/distributed/fsdp/_optim_utils.py", "torch\\distributed\\fsdp\\_optim_utils.py")
+
+
+def _optimizer_state_of_stale_tensors(symptom: Finding, _cause: Finding) -> bool:
+    """FSDP1's ``optim_state_dict`` raising KeyError: it looks up each tensor the optimizer holds among
+    the wrapper's parameters, and the tensors FSDP1 replaced are not there."""
+    seen = symptom.evidence
+    return (isinstance(seen, RankFailed) and seen.exception == "KeyError"
+            and any(str(frame.get("file", "")).endswith(_FSDP1_OPTIM_STATE) for frame in seen.frames or []))
+
+
+EXPLAINS = (
+    # An optimizer built before FSDP1 flattened the parameters: saving its state fails on the stale tensors.
+    Explains("the optimizer's state of replaced tensors", _optimizer_state_of_stale_tensors,
+             cause=_replaced_by_flat_params, priority=35),
+)
+
+
 CHECK = Check(id=ID, title="optimizers step the trained parameters", analyze=analyze, docs=DOCS, order=140,
               probes=('optimizer', 'config', 'sharding'),
-              evidence=(ReplacedBySharding, WeightsRestored, BelowPrecision, NeverChange, NotStepped))
+              evidence=(ReplacedBySharding, WeightsRestored, BelowPrecision, NeverChange, NotStepped),
+              explains=EXPLAINS)

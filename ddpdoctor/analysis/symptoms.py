@@ -13,7 +13,7 @@ hang's kind) are declared here once, as enums whose values are the JSON report's
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 __all__ = ["Divergence", "HangKind", "FailureKind", "UnevenCause", "Symptom", "RankFailed", "CollectivesUnmatched",
            "ReplicasDiverged", "IterationsUneven", "SamplesOverlap", "BuffersDiffer", "EpochNotSet",
@@ -88,6 +88,8 @@ class RankFailed(Symptom):
     seq: Optional[int] = None  # the collective sequence number it failed in
     secondary_only: Optional[bool] = None  # only peers' symptoms (connection closed): another rank failed first
     reduction_error: Optional[bool] = None  # DDP's "Expected to have finished reduction"
+    exception: Optional[str] = None  # the exception's type name, where it raised one
+    frames: Optional[list[dict[str, Any]]] = None  # its traceback, innermost last: [{file, line, function, code, user}]
 
     @property
     def error_code(self) -> Optional[str]:

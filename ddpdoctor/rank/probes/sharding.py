@@ -6,7 +6,8 @@ this rank's shard (its replicate group): not-distributed then knows the job trai
 gradient-sync compares HSDP's replicate-group peers, and the other checks that compare DDP
 replicas say they do not judge a sharded model yet.
 
-``fully_shard`` replaces each parameter of the module with a new DTensor parameter. The tensors it
+``fully_shard`` replaces each parameter of the module with a new DTensor parameter (FSDP1 with
+``use_orig_params=False`` with its FlatParameters). The tensors it
 replaced are remembered in :data:`REPLACED` (weakly, by identity: nothing is copied, and a tensor
 nothing else holds is forgotten when it is collected), with the line of the call: an optimizer
 built before ``fully_shard`` still holds them, and the optimizer probe says so at its first step.
@@ -117,12 +118,16 @@ def install(rec: Recorder) -> Callable[[], None]:
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             classes = _classes(module)
             depth = getattr(_inside, "depth", 0)
+            before = _named_parameters(module) if not depth else None
             _inside.depth = depth + 1
             try:
                 original(self, module, *args, **kwargs)
             finally:
                 _inside.depth = depth
             if not depth:
+                if before:  # use_orig_params=False: FlatParameters take the parameters' place
+                    with rec.guard(PROBE, "FullyShardedDataParallel parameters"):
+                        _remember_replaced("FullyShardedDataParallel", before, _named_parameters(self))
                 with rec.guard(PROBE, "FullyShardedDataParallel.__init__"):
                     strategy = getattr(getattr(self, "sharding_strategy", None), "name", None)
                     hybrid = strategy in HYBRID_STRATEGIES
