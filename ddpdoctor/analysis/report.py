@@ -105,6 +105,8 @@ class Report:
     post_mortem: Optional[dict[str, Any]] = None
     # {"reason", "ranks"}: ddpdoctor could not check the job (its probes did not install): no finding, exit 2
     unchecked: Optional[dict[str, Any]] = None
+    # the job's data parallelism (analysis/parallelism.py): wrapper, mesh, replicate and shard dimensions
+    parallelism: Optional[dict[str, Any]] = None
 
     def at_or_above(self, level: str) -> list[Finding]:
         threshold = SEVERITY_ORDER[level]
@@ -180,6 +182,7 @@ class Report:
             "framework": self.framework,
             "post_mortem": self.post_mortem,
             "unchecked": self.unchecked,
+            "parallelism": self.parallelism,
         }
 
     @classmethod
@@ -215,6 +218,7 @@ class Report:
             framework=data.get("framework"),
             post_mortem=data.get("post_mortem"),
             unchecked=data.get("unchecked"),
+            parallelism=data.get("parallelism"),
         )
 
 

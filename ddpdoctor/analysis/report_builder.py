@@ -11,6 +11,7 @@ from typing import Any, Optional, Union
 
 from ddpdoctor.analysis import interruption
 from ddpdoctor.analysis.bandwidth import collective_benchmark
+from ddpdoctor.analysis.parallelism import parallelism
 from ddpdoctor.analysis.rank_environments import rank_environments
 from ddpdoctor.analysis.evidence import Evidence
 from ddpdoctor.analysis.facts import ddp
@@ -117,6 +118,7 @@ def build_report(evidence: Evidence, analysis: Analysis, *, version: str, script
         launch=observations.launch,
         framework=framework_of(evidence),
         unchecked=analysis.unchecked,
+        parallelism=None if analysis.unchecked else parallelism(evidence),
     )
 
 

@@ -254,6 +254,9 @@ class DDPWrap(Event):
     # Parameters of the wrapped module that did not require grad when DDP was built: DDP's reducer
     # never takes them, so if they are unfrozen later their gradients are never averaged.
     frozen: list[str] = field(default_factory=list)
+    # The global ranks of the process group DDP averages over (a sub-mesh's group under a 2-D mesh);
+    # empty in evidence of earlier builds.
+    group_ranks: list[int] = field(default_factory=list)
 
 
 @register_event
@@ -575,6 +578,7 @@ class InternalPhase(str, Enum):
     DDP_BACKWARD = "ddp-backward"  # gradient bucket all-reduces, the find_unused_parameters bitmap
     FSDP_FORWARD = "fsdp-forward"  # FSDP's parameter all-gather before a forward (traced calls: Collective.phase)
     FSDP_BACKWARD = "fsdp-backward"  # FSDP's all-gather before a backward, its gradient reduce-scatter (all-reduce)
+    FSDP_STATE_DICT = "fsdp-state-dict"  # FSDP1 gathering a model's or optimizer's state dict
     OTHER = "other"  # anything else: Join's shadow collectives, comm libraries
 
     def __str__(self) -> str:
@@ -616,6 +620,8 @@ _PHASE_TEXT = {
     "fsdp-backward": ("FSDP's backward all-gather or reduce-scatter",
                       "FSDP's backward (the parameters' all-gather, the gradients' reduce-scatter)",
                       "FSDP's backward"),
+    "fsdp-state-dict": ("FSDP's state-dict gather", "FSDP's state-dict gathering (of the model or the optimizer)",
+                        "FSDP's state-dict gathering"),
     "other": ("a library's collective", "a collective no traced call made", "a library's collective"),
 }
 INTERNAL_PHASES = tuple(p.value for p in InternalPhase)

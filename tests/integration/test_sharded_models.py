@@ -66,6 +66,17 @@ def test_hsdp_shards_are_compared_across_the_replicate_dimension(run_check):
     assert summary.startswith("shards identical across the replicate dimension (2 groups of 2) after 8 compared steps")
 
 
+def test_the_report_states_the_parallelism_it_found(run_check):
+    """The wrapper, the mesh, which dimension replicates and which shards, the replicate groups."""
+    run = run_check("good_hsdp.py", "-n", "4")
+    _clean(run)
+    found = run.report["parallelism"]
+    assert (found["wrapper"], found["api"], found["mesh_shape"]) == ("HSDP (FSDP2)", "fully_shard", [2, 2])
+    assert (found["replicate_dim"], found["shard_dim"]) == (0, 1)
+    assert found["replicate_groups"] == [[0, 2], [1, 3]]
+    assert found["location"]["file"].endswith("good_hsdp.py")
+
+
 def test_hsdp_replicas_built_from_a_rank_seed_diverge(run_check):
     """The known-bad twin of good_hsdp.py: the model built after torch.manual_seed(SEED + rank). Ranks 0
     and 2 hold the same shard with different values (as do 1 and 3): gradient-sync says so, at the

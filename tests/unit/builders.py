@@ -108,11 +108,12 @@ def probe_error(probe: str = "data", error: str = "AttributeError: boom", target
 
 def ddp_wrap(params: Iterable[str] = ("fc.weight", "fc.bias"), *, ddp: int = 0, buffers: Iterable[str] = (),
              find_unused_parameters: bool = False, static_graph: bool = False, broadcast_buffers: bool = True,
-             device: str = "cpu", line: int = 20) -> ev.DDPWrap:
+             device: str = "cpu", line: int = 20, group_ranks: Iterable[int] = ()) -> ev.DDPWrap:
     params = list(params)
     return ev.DDPWrap(ddp=ddp, params=params, shapes=[[1] for _ in params], buffers=list(buffers),
                       find_unused_parameters=find_unused_parameters, static_graph=static_graph,
-                      broadcast_buffers=broadcast_buffers, device=device, site=site(line))
+                      broadcast_buffers=broadcast_buffers, device=device, site=site(line),
+                      group_ranks=list(group_ranks))
 
 
 def data_parallel(module: str = "Net", device_ids: Iterable[int] = (0, 1), *, line: int = 18) -> ev.DataParallelWrap:

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Optional, Sequence
 from ddpdoctor.analysis.render import svg
 from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, evidence_views, ranks_text
 from ddpdoctor.analysis.render.source import Sources, display_path, snippet, underline
-from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
+from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, parallelism_line,
+                                             stop_words,
                                              verdict)
 from ddpdoctor.analysis.report import CheckStatus, Report
 from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, EvidenceRecord, Finding, Location
@@ -247,10 +248,11 @@ def render_html(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
     meta = (f"{escape(display_path(script) if report.script else script)} on {report.world_size} ranks ({nodes}, "
             f"{escape(report.backend)}, {escape(report.device)}) · outcome <b>{escape(report.outcome)}</b> · "
             f"{escape(duration)} · ddpdoctor {escape(report.version)}")
-    simulation = device_simulation_line(report.device_simulation)
+    notes = [line for line in (parallelism_line(report.parallelism), device_simulation_line(report.device_simulation))
+             if line]
     body = [f'<div class="verdict {"bad" if bad else "good"}"><h1>{escape(verdict(report, fail_on))}</h1>'
             f'<div class="meta">{meta}</div>'
-            + (f'<div class="meta">{escape(simulation)}</div>' if simulation else "") + "</div>"]
+            + "".join(f'<div class="meta">{escape(line)}</div>' for line in notes) + "</div>"]
     if report.findings:
         body.append("<h2>Findings</h2>")
         body += [_finding(f, sources, when=stop_words(post_mortem)) for f in report.findings]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from ddpdoctor.analysis.api import Finding, Location
 from ddpdoctor.analysis.render.evidence import evidence_rows
 from ddpdoctor.analysis.render.source import Sources, snippet, underline
-from ddpdoctor.analysis.render.words import consequence_of, device_simulation_line, duration_text, verdict
+from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, parallelism_line,
+                                             verdict)
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, EvidenceRecord
 
@@ -76,9 +77,9 @@ def render_markdown(report: Report, *, fail_on: str = DEFAULT_FAIL_ON) -> str:
              f"{report.device}), outcome **{report.outcome}**, "
              f"{duration_text(report.duration_s, post_mortem=bool(report.post_mortem))}, ddpdoctor {report.version}",
              ""]
-    simulation = device_simulation_line(report.device_simulation)
-    if simulation:
-        lines += [simulation[0].upper() + simulation[1:], ""]
+    for line in (parallelism_line(report.parallelism), device_simulation_line(report.device_simulation)):
+        if line:
+            lines += [line[0].upper() + line[1:], ""]
     lines += ["| | Check | Summary |", "|---|---|---|"]
     for check in report.checks:
         summary = check.summary + (f" (incomplete: probe {', '.join(check.incomplete)} failed)"

@@ -16,7 +16,8 @@ from rich.text import Text
 
 from ddpdoctor.analysis.render.evidence import call_text, evidence_rows, evidence_views, ranks_text
 from ddpdoctor.analysis.render.source import Snippet, Sources, display_path, snippet, underline
-from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, stop_words,
+from ddpdoctor.analysis.render.words import (consequence_of, device_simulation_line, duration_text, parallelism_line,
+                                             stop_words,
                                              verdict)
 from ddpdoctor.analysis.report import CheckStatus, Report
 from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, Consequence, EvidenceRecord, Finding, Location
@@ -334,9 +335,9 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = DEFA
         framework = report.framework
         console.print(Text(f"framework: {framework['title']} {framework.get('version') or ''}".rstrip()
                            + " (DDP set up by it; fixes use its words)"))
-    simulation = device_simulation_line(report.device_simulation)
-    if simulation:
-        console.print(Text(simulation))
+    for line in (parallelism_line(report.parallelism), device_simulation_line(report.device_simulation)):
+        if line:
+            console.print(Text(line))
     launched = launch_line(report.launch or {})
     if launched:
         console.print(Text(launched))

@@ -5,6 +5,8 @@ take them from here, and none imports another."""
 
 from __future__ import annotations
 
+import os
+
 from typing import Any, Mapping, Optional, Sequence
 
 from ddpdoctor.analysis.report import CheckStatus, Report
@@ -12,7 +14,8 @@ from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, Finding
 from ddpdoctor.schema.observations import Outcome
 from ddpdoctor.schema.settings import GPU_VISIBLE
 
-__all__ = ["verdict", "duration_text", "stop_words", "consequence_of", "device_simulation_line", "format_bytes"]
+__all__ = ["verdict", "duration_text", "stop_words", "consequence_of", "device_simulation_line", "parallelism_line",
+           "format_bytes"]
 
 
 def duration_text(seconds: float, *, post_mortem: bool = False, unit: str = "s") -> str:
@@ -73,6 +76,18 @@ def device_simulation_line(simulation: Optional[Mapping[str, Any]]) -> Optional[
     if simulation.get("ignored"):
         line += f"; ignored: {', '.join(simulation['ignored'])}"
     return line
+
+
+def parallelism_line(found: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """The report header's line on the job's data parallelism, for anything but plain DDP over every
+    rank (what most jobs are, and what the rest of the report assumes): "parallelism: FSDP2 on a 1-D
+    mesh of 2 (fully_shard at train.py:41)"; None when there is nothing to add."""
+    if not found or (found.get("wrapper") == "DDP" and not found.get("optimizer_sharding")
+                     and len(found.get("replicate_groups") or []) <= 1):
+        return None
+    where = found.get("location")
+    at = f" ({found.get('api')} at {os.path.basename(where['file'])}:{where['line']})" if where else ""
+    return f"parallelism: {found.get('description')}{at}"
 
 
 def format_bytes(num_bytes: int) -> str:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.rank import callsite, frameworks
@@ -249,7 +250,16 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         broadcast_buffers=bool(getattr(ddp, "broadcast_buffers", True)),
         sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
         device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3),
-        framework=framework, framework_version=framework_version, frozen=[n for n, _ in frozen]))
+        framework=framework, framework_version=framework_version, frozen=[n for n, _ in frozen],
+        group_ranks=_group_ranks(getattr(ddp, "process_group", None))))
+
+
+def _group_ranks(group: object) -> list[int]:
+    """The global ranks of DDP's process group ([] when torch cannot say)."""
+    try:
+        return [int(r) for r in dist.get_process_group_ranks(group)]  # type: ignore[arg-type]
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return []
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
