@@ -54,11 +54,13 @@ _PATTERNS = (
     # FSDP2 all-gathers a module's sharded (DTensor) parameters in its pre-forward hook, which only
     # `module(x)` runs: `module.forward(x)` computes with the shards, which meet plain activations.
     _p("fsdp-hooks-bypassed", r"(\S+) got mixed torch\.Tensor and DTensor",
-       "an operator got sharded DTensor parameters together with plain tensors: a module sharded with "
+       "an operator got sharded DTensor parameters together with plain tensors: most often a module sharded with "
        "fully_shard ran without FSDP's pre-forward hook (its `.forward(x)` called directly), so its parameters "
-       "were never all-gathered",
+       "were never all-gathered; under tensor parallelism, a plain tensor reached a layer whose plan expects a "
+       "DTensor",
        "Call the module itself (`module(x)`), not `module.forward(x)`, so FSDP's hooks all-gather its parameters "
-       "first."),
+       "first; with tensor parallelism, declare the input layouts in the plan (`PrepareModuleInput`) or pass "
+       "DTensors."),
     _p(DUPLICATE_GPU, r"Duplicate GPU detected\s*:\s*rank (\d+) and rank (\d+) both on CUDA device (\w+)",
        "two ranks use the same GPU (NCCL: \"Duplicate GPU detected\"): NCCL needs one process per GPU",
        _ONE_PROCESS_PER_GPU),

@@ -45,6 +45,8 @@ POINT_TO_POINT = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv
 _C10D = "torch/distributed/distributed_c10d.py"
 _DDP = "torch/nn/parallel/distributed.py"
 _AUTOGRAD = ("torch/autograd/", "torch/_tensor.py")
+_FSDP = "torch/distributed/fsdp/"
+_FSDP_STATE_DICT = ("_state_dict_utils.py", "_optim_utils.py", "_unshard_param_utils.py")
 # The profiling names of backends whose op is not the user-facing name.
 _OP_NAMES = {"_allgather_base": "all_gather_into_tensor", "_all_gather_base": "all_gather_into_tensor",
              "allgather": "all_gather", "allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter_tensor",
@@ -157,9 +159,23 @@ def _traced(frames: list) -> Optional[tuple[str, int]]:
     return None
 
 
+def _fsdp_phase(files: list[str]) -> Optional[InternalPhase]:
+    """FSDP's phase where FSDP's code made the call (as the live probe names it), else None."""
+    if not any(_FSDP in path for path in files):
+        return None
+    if any(_FSDP in path and path.endswith(_FSDP_STATE_DICT) for path in files):
+        return InternalPhase.FSDP_STATE_DICT
+    if any(part in path for path in files for part in _AUTOGRAD):
+        return InternalPhase.FSDP_BACKWARD
+    return InternalPhase.FSDP_FORWARD
+
+
 def _phase(frames: list) -> InternalPhase:
     """What issued a collective no traced call made, as the live clock names it."""
     files = [(f.get("filename") or "").replace("\\", "/") for f in frames]
+    fsdp = _fsdp_phase(files)
+    if fsdp is not None:
+        return fsdp
     if any(part in path for path in files for part in _AUTOGRAD):
         return InternalPhase.DDP_BACKWARD
     ddp = [f for f, path in zip(frames, files) if path.endswith(_DDP)]
@@ -170,6 +186,11 @@ def _phase(frames: list) -> InternalPhase:
     if any("torch/distributed/utils.py" in path for path in files):
         return InternalPhase.DDP_INIT
     return InternalPhase.OTHER
+
+
+def _fsdp_value(frames: list) -> Optional[str]:
+    phase = _fsdp_phase([(f.get("filename") or "").replace("\\", "/") for f in frames])
+    return phase.value if phase is not None else None
 
 
 @dataclass
@@ -211,9 +232,10 @@ class _Stack(NamedTuple):
     outside: tuple  # the frames outside the traced call: the entries of one call share them
     inside: tuple  # the traced call's own frames: a new call of the same line repeats them
     rank_branch: bool
+    fsdp: Optional[str]  # FSDP's phase where FSDP's code made the call (Collective.phase), else None
 
 
-_NO_STACK = _Stack(None, [], InternalPhase.OTHER, (), (), False)
+_NO_STACK = _Stack(None, [], InternalPhase.OTHER, (), (), False, None)
 _FRAME_KEY = operator.itemgetter("filename", "line")
 
 
@@ -229,7 +251,7 @@ def _stack(frames: list, interner: Interner) -> _Stack:
         info = interner.stacks[key] = _Stack(
             traced=traced[0] if traced else None, site=site, phase=_phase(frames),
             outside=key[index + 1:] if traced else (), inside=key[:index + 1] if traced else (),
-            rank_branch=in_rank_branch(site))
+            rank_branch=in_rank_branch(site), fsdp=_fsdp_value(frames))
     return info
 
 
@@ -299,7 +321,7 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
             out.groups.add(group)
             events.append(Collective(t=t, op=op, n=n, tensors=tensors, group=group_ranks.setdefault(group, []),
                                      site=info.site, units=1, pg_seq=n, seq=last_n.get(WORLD_PG, 0),
-                                     rank_branch=info.rank_branch))
+                                     rank_branch=info.rank_branch, phase=info.fsdp))
             run = call = None
             continue
         if out.first_world is None:
@@ -321,7 +343,7 @@ def convert_dump(dump: Dump, *, group_ranks: dict[str, list], interner: Interner
             call.units += 1  # the same call's next collective (all_gather_object: sizes, then data)
             continue
         call = Collective(t=t, op=op, n=n, tensors=tensors, site=info.site, units=1, pg_seq=n, seq=n - 1,
-                          rank_branch=info.rank_branch)
+                          rank_branch=info.rank_branch, phase=info.fsdp)
         call_stack = info
         events.append(call)
         last_traced = {"op": op, "n": n, "site": info.site[0] if info.site else None}

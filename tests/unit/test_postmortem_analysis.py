@@ -415,3 +415,32 @@ def test_dumps_whose_file_times_were_lost_in_a_copy_prove_no_timeout(tmp_path):
     _record_stuck_rank(tmp_path, dumped_after_s=10 * 86400.0)
     (finding,) = analyze([str(tmp_path)]).report.findings
     assert (finding.check, finding.severity) == ("collective-hang", "warning")
+
+
+def _fsdp_frames(function: str, fsdp_file: str, *, backward: bool) -> list[dict]:
+    """A stack from a dump of an FSDP2 job: c10d, FSDP's file, autograd (a backward), the script."""
+    frames = [{"name": function, "filename": f"{SITE}/torch/distributed/distributed_c10d.py", "line": 100},
+              {"name": "foreach_all_gather", "filename": f"{SITE}/torch/distributed/fsdp/{fsdp_file}", "line": 50}]
+    if backward:
+        frames.append({"name": "backward", "filename": f"{SITE}/torch/_tensor.py", "line": 600})
+    return frames + [{"name": "main", "filename": "/job/train.py", "line": 31 if backward else 30}]
+
+
+def test_fsdps_collectives_in_a_dump_carry_the_phase_the_live_probe_gives_them(tmp_path):
+    """Not "a library's collective": FSDP's all-gather of a forward, its reduce-scatter in a backward,
+    FSDP1's state-dict gathering (traced calls made by FSDP's code carry the phase as well)."""
+    entries = [_nccl_entry(0, 1, "nccl:_allgather_base"), _nccl_entry(1, 2, "nccl:_reduce_scatter_base"),
+               _nccl_entry(2, 3, "nccl:_allgather_base"), _nccl_entry(3, 4, "nccl:all_gather_into_tensor")]
+    entries[0]["frames"] = _fsdp_frames("_all_gather_base", "_fsdp_collectives.py", backward=False)
+    entries[1]["frames"] = _fsdp_frames("_reduce_scatter_base", "_fsdp_collectives.py", backward=True)
+    entries[2]["frames"] = _fsdp_frames("_all_gather_base", "_state_dict_utils.py", backward=False)
+    entries[3]["frames"] = _fsdp_frames("all_gather_into_tensor", "_fsdp_collectives.py", backward=False)
+    entries[3]["frames"][0]["line"] = 200  # the public function's own line (stacks are told apart by lines)
+    for rank in range(4):
+        _write_nccl(tmp_path, rank, entries)
+    evidence = load([str(tmp_path)], classify=classify).evidence
+    events = [e for e in evidence.ranks[0].events if isinstance(e, (Collective, InternalCollectives))]
+    assert [(type(e).__name__, str(e.phase)) for e in events] == [
+        ("InternalCollectives", "fsdp-forward"), ("InternalCollectives", "fsdp-backward"),
+        ("InternalCollectives", "fsdp-state-dict"), ("Collective", "fsdp-forward")]
+    assert events[1].site[0]["line"] == 31  # the user's loss.backward()

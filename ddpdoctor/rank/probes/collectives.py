@@ -59,17 +59,35 @@ def _graph_task_running() -> bool:
         return False
 
 
+# FSDP1's modules that gather state dicts (their unshard goes through the same all-gather as a forward's)
+_FSDP_STATE_DICT_FILES = ("_state_dict_utils.py", "_optim_utils.py", "_unshard_param_utils.py")
+
+
+def _in_state_dict(frame: Optional[FrameType]) -> bool:
+    """Whether FSDP's state-dict code is among the callers (a few dozen frames up, FSDP's calls only)."""
+    for _ in range(40):
+        if frame is None:
+            return False
+        name = frame.f_code.co_filename
+        if _FSDP_DIR in name and name.endswith(_FSDP_STATE_DICT_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def fsdp_phase(frame: Optional[FrameType]) -> Optional[str]:
     """The FSDP phase of a traced call whose caller (``frame``, ddpdoctor's own wrappers skipped) is
-    FSDP's code: its backward hooks when autograd runs a backward, else its forward hooks. None when
-    the call is not FSDP's."""
+    FSDP's code: its backward hooks when autograd runs a backward, its state-dict gathering, else its
+    forward hooks. None when the call is not FSDP's."""
     for _ in range(4):
         if frame is None or not frame.f_code.co_filename.startswith(_OWN_DIR):
             break
         frame = frame.f_back
     if frame is None or _FSDP_DIR not in frame.f_code.co_filename:
         return None
-    return InternalPhase.FSDP_BACKWARD.value if _graph_task_running() else InternalPhase.FSDP_FORWARD.value
+    if _graph_task_running():
+        return InternalPhase.FSDP_BACKWARD.value
+    return InternalPhase.FSDP_STATE_DICT.value if _in_state_dict(frame) else InternalPhase.FSDP_FORWARD.value
 
 
 def describe_tensors(values: list) -> list:
