@@ -14,7 +14,7 @@ from ddpdoctor.analysis.symptoms import CollectivesUnmatched, HangKind, Iteratio
 from ddpdoctor.schema.events import DDPUsage, JoinEvent, LoaderPass, Step
 
 from . import _frameworks as frameworks
-from ._common import fmt_ranks, sharded_skip
+from ._common import fmt_ranks
 
 ID = "uneven-inputs"
 
@@ -23,7 +23,9 @@ DOCS = """\
 Counts, per training pass (epoch) over each DataLoader and in total, how many batches and optimizer
 steps every rank ran, and reports ranks that ran a different number. It says what happened next:
 the job hung (the rank with the extra batch waits in DDP's gradient all-reduce for peers that never
-come), failed ("Connection closed by peer" once a peer exits), or finished by luck.
+come), failed ("Connection closed by peer" once a peer exits), or finished by luck. A model sharded
+with FSDP2, HSDP or FSDP1 is counted the same way, from its loader passes and optimizer steps: the
+rank with the extra batch waits in FSDP's next all-gather instead.
 
 ## Why it matters
 DDP's backward is a collective: every rank must run the same number of synchronized backward passes.
@@ -191,10 +193,10 @@ def _uneven_backwards(evidence: Evidence) -> Optional[dict[int, int]]:
 
 
 def analyze(evidence: Evidence) -> CheckResult:
-    sharded = sharded_skip(evidence)
-    if sharded is not None:
-        return sharded
-    if evidence.world_size < 2 or not facts.ddp.wraps(evidence):
+    # A sharded model (FSDP2, HSDP, FSDP1) has no DDP iteration counts: its ranks' training passes
+    # over their loaders and their optimizer steps say the same (and uneven inputs hang it the same way).
+    sharded = facts.ddp.sharded_without_ddp(evidence)
+    if evidence.world_size < 2 or not (facts.ddp.wraps(evidence) or sharded is not None):
         return CheckResult(summary="no DDP training on several ranks", applicable=False)
     stop = evidence.stop
     if stop is not None and stop.reason in ("interrupted", "timeout"):
@@ -252,10 +254,14 @@ def analyze(evidence: Evidence) -> CheckResult:
     fix = frameworks.fix(evidence, "uneven", (
         "Give every rank the same number of batches (DistributedSampler pads; or drop_last=True), or wrap the "
         "training loop in `with torch.distributed.algorithms.join.Join([model]):`."))
+    if sharded is not None:  # Join supports DDP and ZeroRedundancyOptimizer, not FSDP
+        fix = ("Give every rank the same number of batches: a DistributedSampler (it pads the shorter shards) or "
+               f"drop_last=True; the model is sharded with {sharded.name}, which Join does not support.")
     if cause == UnevenCause.CONTROL_FLOW:
         fix = ("Leave the training loop on every rank together: decide a `break` or early stop on one rank and "
-               "broadcast the decision (e.g. all_reduce a flag) so every rank takes it; or wrap the loop in "
-               "`with torch.distributed.algorithms.join.Join([model]):`.")
+               "broadcast the decision (e.g. all_reduce a flag) so every rank takes it"
+               + ("." if sharded is not None else
+                  "; or wrap the loop in `with torch.distributed.algorithms.join.Join([model]):`."))
     finding = Finding(
         check=ID, severity="error", ranks=ranks, location=Location.from_site(site), message=message, fix=fix,
         evidence=Uneven(cause=cause, pass_=key[1], loader=key[0],

@@ -1,6 +1,7 @@
 """FSDP's collectives in the per-rank trace (issue #32, item 3): its all-gathers and reduce-scatters
 are traced at the user's line and numbered like every collective, so hangs under FSDP are diagnosed
-as under DDP. Uneven inputs under FSDP hang in the next all-gather."""
+as under DDP. Uneven inputs under FSDP hang in the next all-gather: uneven-inputs is the cause, the
+hang its consequence."""
 
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ def test_uneven_inputs_under_fsdp_hang_in_the_next_all_gather(run_check):
     run = run_check(FIXTURE, "--hang-timeout", "5")
     assert run.returncode == 1, run.output[-3000:]
     assert run.report["outcome"] == "hung"
-    assert run.found() == {("collective-hang", "error")}, run.findings()
-    (hang,) = run.findings("collective-hang", "error")
+    # diagnosed as under DDP: the uneven inputs are the cause, the hang their consequence
+    assert run.found() == {("uneven-inputs", "error")}, run.findings()
+    (uneven,) = run.findings("uneven-inputs", "error")
+    assert uneven["evidence"]["batches"] == {"0": 5, "1": 4} and uneven["evidence"]["cause"] == "data"
+    assert "Join does not support" in uneven["fix"]
+    (hang,) = [c for c in uneven["consequences"] if c["check"] == "collective-hang"]
     assert hang["location"]["line"] == BARRIER_LINE  # as for DDP's uneven inputs: the line only rank 1 ran
     states = hang["evidence"]["ranks"]
     assert {r: s["state"] for r, s in states.items()} == {"0": "waiting", "1": "waiting"}
@@ -49,8 +54,8 @@ def test_on_the_world_group_the_divergence_is_fsdps_all_gather_against_the_barri
     numbering with the barrier, and the ranks part at rank 0's 25th collective."""
     run = run_check(FIXTURE, "--hang-timeout", "5", "--device", "native")
     assert run.report["outcome"] == "hung", run.output[-3000:]
-    assert run.found() == {("collective-hang", "error")}, run.findings()
-    (hang,) = run.findings("collective-hang", "error")
+    assert run.found() == {("uneven-inputs", "error")}, run.findings()
+    (hang,) = [c for c in run.findings("uneven-inputs", "error")[0]["consequences"] if c["check"] == "collective-hang"]
     evidence = hang["evidence"]
     assert evidence["first_divergence"] == 25
     assert evidence["timeline"]["0"]["25"] == ("all_gather_single of float32[272] in FSDP's forward at "

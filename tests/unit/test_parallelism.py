@@ -33,8 +33,8 @@ def test_ddp_over_a_sub_mesh_names_its_groups():
     found = parallelism(make_evidence(4, _on_every_rank(4, lambda rank: ddp_wrap(group_ranks=groups[rank]))))
     assert found["description"] == "DDP over groups of 2 of the 4 ranks: (0, 2), (1, 3)"
     assert found["mesh_shape"] == [2] and found["replicate_groups"] == [[0, 2], [1, 3]]
-    assert parallelism_line(found) == ("parallelism: DDP over groups of 2 of the 4 ranks: (0, 2), (1, 3) "
-                                       "(DistributedDataParallel at train.py:20)")
+    assert parallelism_line(found) == ("parallelism: DDP over groups of 2 of the 4 ranks: (0, 2), (1, 3); "
+                                       "DistributedDataParallel at train.py:20")
 
 
 def test_zero_beside_ddp_is_said():
@@ -50,7 +50,7 @@ def test_fsdp2_shards_along_its_only_dimension():
     assert (found["wrapper"], found["api"], found["description"]) == ("FSDP2", "fully_shard",
                                                                      "FSDP2 on a 1-D mesh of 2")
     assert (found["mesh_shape"], found["replicate_dim"], found["shard_dim"]) == ([2], None, 0)
-    assert parallelism_line(found) == "parallelism: FSDP2 on a 1-D mesh of 2 (fully_shard at train.py:19)"
+    assert parallelism_line(found) == "parallelism: FSDP2 on a 1-D mesh of 2; fully_shard at train.py:19"
 
 
 def test_hsdp_replicates_along_the_first_dimension_and_shards_along_the_second():

@@ -18,7 +18,7 @@ from ddpdoctor.checks.optimizer_params import analyze as optimizer_params
 from ddpdoctor.checks.uneven_inputs import analyze as uneven_inputs
 from ddpdoctor.checks.unused_parameters import analyze as unused_parameters
 
-REPLICA_CHECKS = (buffer_sync, unused_parameters, uneven_inputs, config_sync, optimizer_params)
+REPLICA_CHECKS = (buffer_sync, unused_parameters, config_sync, optimizer_params)
 
 
 def _trained(*wraps, ranks_differ: bool = True):
@@ -70,6 +70,18 @@ def test_checks_comparing_ddp_replicas_skip_a_sharded_model_and_say_why(analyze)
     assert result.status == "skip"
     assert result.summary == ("the model is sharded with FSDP2 on a 1-D mesh of 2: this check compares DDP replicas "
                               "and does not check sharded models yet")
+
+
+def test_uneven_inputs_counts_a_sharded_models_steps():
+    """No DDP iterations to count: the optimizer steps (and the loader passes) say the same."""
+    even = uneven_inputs(_trained(sharded()))
+    assert (even.findings, even.status, even.summary) == ([], "pass", "every rank ran the same number of steps")
+    events = {rank: [init_pg(2), sharded(), optimizer(["0.weight"], in_ddp=[False]),
+                     *(step(n, fp(1.0), fp(1.0)) for n in range(1, 4 - rank))] for rank in (0, 1)}
+    (finding,) = uneven_inputs(make_evidence(2, events)).findings
+    assert (finding.severity, finding.ranks) == ("error", (0, 1))
+    assert finding.evidence["batches"] == {"0": 3, "1": 2}
+    assert "Join does not support" in finding.fix and "Join([model])" not in finding.fix
 
 
 def test_shards_that_differ_are_no_gradient_divergence():

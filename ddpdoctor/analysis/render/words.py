@@ -81,12 +81,12 @@ def device_simulation_line(simulation: Optional[Mapping[str, Any]]) -> Optional[
 def parallelism_line(found: Optional[Mapping[str, Any]]) -> Optional[str]:
     """The report header's line on the job's data parallelism, for anything but plain DDP over every
     rank (what most jobs are, and what the rest of the report assumes): "parallelism: FSDP2 on a 1-D
-    mesh of 2 (fully_shard at train.py:41)"; None when there is nothing to add."""
+    mesh of 2; fully_shard at train.py:41"; None when there is nothing to add."""
     if not found or (found.get("wrapper") == "DDP" and not found.get("optimizer_sharding")
                      and len(found.get("replicate_groups") or []) <= 1):
         return None
     where = found.get("location")
-    at = f" ({found.get('api')} at {os.path.basename(where['file'])}:{where['line']})" if where else ""
+    at = f"; {found.get('api')} at {os.path.basename(where['file'])}:{where['line']}" if where else ""
     return f"parallelism: {found.get('description')}{at}"
 
 
