@@ -65,7 +65,7 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
     import torch.utils.data._utils.pin_memory as pin_memory_module
 
     devices = cuda_api.install(rec, ledger, nproc_per_node=nproc_per_node)
-    distributed.install(rec, ledger)
+    stop_waiting_for_fsdp = distributed.install(rec, ledger)
     amp.install(rec, ledger)
     syncbn.install(rec, ledger)
     for owner in (torch, torch.serialization):
@@ -76,6 +76,7 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
 
     def finish() -> None:
         try:
+            stop_waiting_for_fsdp()
             cpu_mode.__exit__(None, None, None)
         finally:
             ledger.emit()

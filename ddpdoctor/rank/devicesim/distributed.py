@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, Callable
 
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+from ddpdoctor.rank.after_import import AfterImport
 from ddpdoctor.rank.devicesim.ledger import DATA_PARALLEL, DDP_DEVICE_IDS, NCCL, Ledger
 from ddpdoctor.rank.devicesim.mode import is_cuda
 from ddpdoctor.rank.probes.patching import patch
@@ -39,7 +41,8 @@ def _bound(original: Callable[..., Any], args: tuple, kwargs: dict) -> inspect.B
     return inspect.signature(original).bind_partial(*args, **kwargs)
 
 
-def install(rec: Recorder, ledger: Ledger) -> None:
+def install(rec: Recorder, ledger: Ledger) -> Callable[[], None]:
+    """Install the patches; returns what removes the import hook still waiting for FSDP (if any)."""
     def wrap_init(original):
         def init_process_group(*args, **kwargs):
             try:
@@ -94,7 +97,24 @@ def install(rec: Recorder, ledger: Ledger) -> None:
     patch(rec, PROBE, DistributedDataParallel, "__init__", wrap_ddp_init)
     _install_data_parallel(rec, ledger)
     _install_device_mesh(rec, ledger)
-    _install_fsdp1(rec, ledger)
+    return _install_fsdp1_on_import(rec, ledger)
+
+
+def _install_fsdp1_on_import(rec: Recorder, ledger: Ledger) -> Callable[[], None]:
+    """FSDP1's patches once the script imports ``torch.distributed.fsdp``, never before: importing it
+    is not free, and a process that imported it can deadlock at exit in torch 2.13 (its gloo process
+    group, destroyed while a Python object sits in a pending work's thread-local state, waits for a
+    thread that waits for the GIL); a script that never uses FSDP must not pay for it or risk that."""
+    if FSDP_MODULE in sys.modules:
+        _install_fsdp1(rec, ledger)
+        return lambda: None
+
+    def on_import(_module: Any) -> None:
+        with rec.guard(PROBE, FSDP_MODULE):
+            _install_fsdp1(rec, ledger)
+
+    hook = AfterImport(FSDP_MODULE, on_import).insert()
+    return hook.remove
 
 
 def _install_data_parallel(rec: Recorder, ledger: Ledger) -> None:
@@ -135,6 +155,7 @@ def _install_device_mesh(rec: Recorder, ledger: Ledger) -> None:
         patch(rec, PROBE, device_mesh, "init_device_mesh", wrap)
 
 
+FSDP_MODULE = "torch.distributed.fsdp"
 FSDP1_DEVICE_ID = "FSDP device_id->cpu"
 FSDP1_SYNC_STATES = "FSDP sync_module_states on cpu"
 FSDP1_OFFLOAD = "FSDP state dict offload_to_cpu->in place"
