@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Optional, TypeVar
 __all__ = [
     "SCHEMA_VERSION", "EVENT_KINDS", "Event", "UnknownEvent", "SamplerInfo", "ProcessStart", "InitProcessGroup",
     "DestroyProcessGroup", "DDPWrap", "DataParallelWrap", "BufferFingerprint", "OptimizerInfo", "Step", "DDPUsage",
-    "LoaderPass", "ShardedWrap",
+    "LoaderPass", "ShardedWrap", "LossWindow",
     "Collective", "JoinEvent", "Save", "Load", "DistributedCheckpoint", "ExceptionEvent", "SysExit", "Exit",
     "ProbeError", "RunCut", "DeviceSimulation", "event_from_json", "register_event",
     "RankEnvironment", "RankDevices", "CollectiveBenchmark",
@@ -294,6 +294,35 @@ class ShardedWrap(Event):
     sharding_strategy: Optional[str] = None  # FSDP1's ShardingStrategy name
     site: Site = field(default_factory=list)
     replicate_group: list[int] = field(default_factory=list)
+
+
+@register_event
+@dataclass(kw_only=True, slots=True)
+class LossWindow(Event):
+    """How the losses of one sampled optimizer step (its accumulation window) were weighted, for
+    global-batch: each call of a probed loss function made with gradients (``calls``) and each
+    mean-type node a backward reached without one (``means``), with the constant factor between it
+    and the backward's root.
+
+    ``calls``: [{"fn": "cross_entropy", "reduction": "mean"|"sum"|"none", "count": elements that
+    contribute (targets not equal to ignore_index) or None, "numel": targets, "factor": the product
+    of the scalar factors from the backward's root down to this loss (a division by 4 is 0.25; None:
+    no backward reached it, or not through scalars only), "elementwise": reached through an
+    elementwise (non-scalar) factor such as a mask, "site": the user's line}].
+    ``means``: [{"node": "mean"|"mse_loss"|..., "factor", "site": the backward's line}].
+    ``backwards``: backward passes in the window; ``scaled``: a GradScaler's scale was divided out.
+    """
+
+    kind: ClassVar[str] = "loss_window"
+    step: int = 0  # the (1-based) step of the optimizer that closed the window
+    backwards: int = 0
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    means: list[dict[str, Any]] = field(default_factory=list)
+    scaled: bool = False
+    backward_at: Site = field(default_factory=list)  # the user's line of the window's first backward
+    # The first line from the loss call to that backward (same file) that scales by a name of the world size
+    # (``/ world_size``, ``* dist.get_world_size()``); empty when none does.
+    scaling_at: Site = field(default_factory=list)
 
 
 @register_event

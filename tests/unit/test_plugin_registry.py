@@ -53,7 +53,7 @@ def by_id(loaded: list[registry.LoadedCheck]) -> dict[str, registry.LoadedCheck]
 def test_a_plugin_loads_after_the_builtins(installed):
     installed(FakeEntryPoint("acme-thing", "acme:CHECK", check("acme-thing", probe="acme:install")))
     loaded = registry.load_checks()
-    assert len(BUILTINS) == 14
+    assert len(BUILTINS) == 15
     assert [c.id for c in loaded][-1] == "acme-thing"
     assert all(c.error is None for c in loaded)
     assert loaded[-1].check.probe == "acme:install"
@@ -109,7 +109,7 @@ def test_a_plugin_that_cannot_be_used_is_broken_not_fatal(installed, target, err
     installed(FakeEntryPoint("acme-thing", "acme:CHECK", target))
     loaded = by_id(registry.load_checks())
     assert loaded["acme-thing"].check is None and loaded["acme-thing"].error == error
-    assert sum(c.error is None for c in loaded.values()) == 14
+    assert sum(c.error is None for c in loaded.values()) == 15
 
 
 def test_disable_plugins_loads_the_builtins_only(installed, monkeypatch):

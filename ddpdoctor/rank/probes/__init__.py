@@ -19,7 +19,8 @@ from ddpdoctor.rank.recorder import Recorder
 # Each module's install(rec) returns an optional finalizer run when the script ends.
 # "device" (CUDA/NCCL simulation on CPU) first: the probes after it wrap its stand-ins.
 PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
-                 "environment", "content", "flight_recorder", "config", "wrapping", "data_parallel", "sharding")
+                 "environment", "content", "flight_recorder", "config", "wrapping", "data_parallel", "sharding",
+                 "loss")
 
 NOT_INSTALLED = "torch was imported without ddpdoctor's import hook firing, so no probe was installed"
 

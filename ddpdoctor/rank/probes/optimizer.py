@@ -37,6 +37,7 @@ from ddpdoctor.rank import fingerprint as fingerprints
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
+from ddpdoctor.rank.probes import loss as loss_probe
 from ddpdoctor.rank.probes import sharding as sharding_probe
 from ddpdoctor.rank.probes import wrapping
 from ddpdoctor.rank.probes.patching import patch
@@ -159,6 +160,9 @@ def install(rec: Recorder) -> Callable[[], None]:
             state.versions = [p._version for p in _params_of(optimizer)]
         with rec.guard(PROBE, "reduced gradients"):
             wrapping.stepped(sorted(state.owned_ddp), next_sampled)
+        if state.index == 0:  # the first optimizer's steps delimit the windows whose losses are weighed
+            with rec.guard(loss_probe.PROBE, "window"):
+                loss_probe.close_window(rec, state.num_steps, next_sampled)
         rec.set_activity("training")
 
     def pre_hook(optimizer, args, kwargs):
