@@ -47,7 +47,8 @@ is added. It warns when:
 A loss summed and divided by the global count (all-reduced), times the world size (transformers'
 `num_items_in_batch`), fixed-length windows, equal batches with a mean loss, label smoothing and class
 weights equal on every rank weigh every element the same and stay silent; so do BatchNorm and dropout.
-A loss weighted elementwise (a hand-written masked mean) is not judged yet.
+A hand-written masked mean (`(loss * mask).sum() / mask.sum()`) is a mean over its mask's count; a
+loss weighted elementwise by anything but a 0/1 mask is not judged.
 
 ## Why it matters
 The job trains, but not as it would on one process: the result depends on the number of GPUs
@@ -173,10 +174,12 @@ def _describe_items(items: list[_Item], ratio: float) -> str:
             f"micro-batch {light.micro + 1}'s")
 
 
-def _counts(items: list[_Item]) -> dict[str, list[int]]:
+def _counts(items: list[_Item], reduction: str) -> dict[str, list[int]]:
+    """rank -> per micro-batch, the count each loss is a mean over: the contributing targets of a
+    mean-reduced loss, the divisor of a summed one (a hand-written masked mean's ``mask.sum()``)."""
     out: dict[str, list[int]] = {}
     for item in sorted(items, key=lambda i: (i.rank, i.micro)):
-        out.setdefault(str(item.rank), []).append(item.count)
+        out.setdefault(str(item.rank), []).append(item.count if reduction == "mean" else round(1 / item.weight))
     return out
 
 
@@ -186,12 +189,16 @@ def _unequal_finding(found: list[tuple[int, tuple, list[_Item], float]], compare
     file, line, fn, reduction = key
     location = Location(file=file, line=int(line)) if file and line is not None else None
     micro_batches = max(i.micro for i in items) + 1
-    counts = _counts(items)
+    counts = _counts(items, reduction)
     shown = "; ".join(f"rank {r}: {', '.join(map(str, c))}" for r, c in counts.items())
     window = f" over {micro_batches} micro-batches" if micro_batches > 1 else ""
-    what = "a mean over each rank's own elements" if reduction == "mean" else "a sum scaled per rank"
-    message = (f"the averaged gradient is not the global batch's: `{fn}` ({reduction}) is {what}{window}, and "
-               f"the elements that contribute differ in number ({shown} at step {step}), so "
+    if reduction == "mean":
+        what = (f"`{fn}` (mean) is a mean over each rank's own elements{window}, and the elements that contribute "
+                f"differ in number ({shown} at step {step})")
+    else:
+        what = (f"`{fn}` ({reduction}) is divided by each rank's own count{window}, and the counts differ "
+                f"({shown} at step {step})")
+    message = (f"the averaged gradient is not the global batch's: {what}, so "
                f"{_describe_items(items, ratio)} at step {step} (worst: {worst:.2f}x at step {worst_step}; "
                f"{len({f[0] for f in found})} of {compared} compared steps). The result depends on the number of "
                "GPUs")

@@ -49,6 +49,15 @@ def test_a_mean_of_means_over_unequal_micro_batches_is_named_within_the_rank():
     assert "over 4 micro-batches" in finding.message
 
 
+def test_a_hand_written_masked_mean_divided_by_each_ranks_count():
+    """(loss * mask).sum() / mask.sum(): the probe gives each kept element the factor 1/mask.sum()."""
+    masked = _job({0: [_window(1, _call(64, factor=1 / 40, reduction="none"))],
+                   1: [_window(1, _call(64, factor=1 / 25, reduction="none"))]})
+    (finding,) = analyze(masked).findings
+    assert finding.evidence.counts == {"0": [40], "1": [25]} and finding.evidence.weight_ratio == 1.6
+    assert "`cross_entropy` (none) is divided by each rank's own count" in finding.message
+
+
 def test_equal_weights_stay_silent():
     """Equal counts with a mean; a sum divided by the global count; fixed windows with /4."""
     equal = _job({r: [_window(1, _call(64)), _window(2, _call(64))] for r in (0, 1)})

@@ -86,7 +86,7 @@ def test_stacked_means_sums_and_the_global_count(probe):
     assert window["calls"][2]["reduction"] == "sum"
 
 
-def test_masks_are_elementwise_and_other_means_are_recorded(probe):
+def test_a_masked_mean_weighs_each_kept_element_and_other_means_are_recorded(probe):
     rec, windows = probe
     logits, target = _batch(0)
     per_token = F.cross_entropy(logits, target, reduction="none")
@@ -94,9 +94,13 @@ def test_masks_are_elementwise_and_other_means_are_recorded(probe):
     ((per_token * mask).sum() / mask.sum()).backward()
     prediction = torch.randn(4, 3, requires_grad=True)
     (0.5 * F.mse_loss(prediction, torch.zeros(4, 3)) + prediction.pow(2).mean()).backward()
+    weights = torch.linspace(0.5, 1.5, 8)  # a weighting, not a mask: not judged
+    (F.cross_entropy(logits, target, reduction="none") * weights).mean().backward()
     loss_probe.close_window(rec, 1, next_sampled=False)
     (window,) = windows()
-    assert window["calls"][0]["elementwise"] is True
+    masked, weighted = window["calls"]
+    assert (masked["elementwise"], masked["factor"], masked["reduction"]) == (False, 0.2, "none")  # 1/mask.sum()
+    assert weighted["elementwise"] is True
     assert sorted((m["node"], m["factor"]) for m in window["means"]) == [("mean", 1.0), ("mse_loss", 0.5)]
 
 

@@ -10,9 +10,11 @@ records:
   tensor read once when the window closes;
 - at each ``torch.autograd.backward`` (``loss.backward()`` calls it), a walk of the autograd graph
   from the root down to those calls, through the nodes that only combine or scale losses (add,
-  sub, mul and div by a one-element tensor, mean, sum, stack, casts, views): the product of the
-  scalar factors between the root and each loss. A mean-type node reached that is no probed call
-  (``.mean()``, ``mse_loss``...) is recorded with its factor too. A GradScaler's scale is divided out.
+  sub, mul and div by a one-element tensor, a multiplication by a 0/1 mask, mean, sum, stack,
+  casts, views): the product of the scalar factors between the root and each loss (the hand-written
+  masked mean ``(loss * mask).sum() / mask.sum()`` is a factor of 1/mask.sum() on the elements it
+  keeps). A mean-type node reached that is no probed call (``.mean()``, ``mse_loss``...) is recorded
+  with its factor too. A GradScaler's scale is divided out.
 
 Nothing is written on other steps; a call costs one flag test outside sampled steps. Inside a
 compiled region (``torch.compiler.is_compiling()``) the wrappers call through at once, so what
@@ -132,6 +134,14 @@ def _scalar(tensor: Any) -> Optional[float]:
     return None
 
 
+def _selects(tensor: Any) -> bool:
+    """Whether an elementwise factor only selects elements (every value 0 or 1: a mask)."""
+    if not isinstance(tensor, torch.Tensor) or tensor.is_complex():
+        return False
+    with torch.no_grad():
+        return bool(((tensor == 0) | (tensor == 1)).all())
+
+
 def _walk(root: Any, site: list) -> None:
     """From a backward's root down to the probed calls and mean-type nodes: their scalar factors."""
     window = _WINDOW
@@ -171,6 +181,9 @@ def _walk(root: Any, site: list) -> None:
                 value = _scalar(other)
                 if value is None and other is None:
                     continue  # a product of two losses: no constant weighting
+                if value is None and _selects(other):  # a 0/1 mask keeps some elements, weighing each 1
+                    stack.append((child, factor, elementwise, mean))
+                    continue
                 stack.append((child, factor * value if value is not None else factor, value is None, mean))
         elif name == "DivBackward0":
             value = _scalar(getattr(node, "_saved_other", None))
