@@ -38,8 +38,10 @@ is added. It warns when:
 
 - the elements of one global batch weigh differently: a mean over a rank's own tokens when ranks
   (or the micro-batches of a window) hold different token counts, combined with constant factors.
-  The figure is the weight of the heaviest element against the lightest ("rank 1's tokens weigh
-  1.8x rank 0's at step 3");
+  The figures are the weight of the heaviest element against the lightest ("rank 1's tokens weigh
+  1.8x rank 0's at step 3") and the distance of the averaged gradient from the global batch's
+  (relative L2 over the first coordinates of each parameter's local gradient, sampled before DDP's
+  all-reduce; each micro-batch's part is its read minus the previous one);
 - the loss is divided (or multiplied) by the world size on top of DDP's average, where a line between
   the loss and `backward()` names the world size: the update is 1/W of the global batch's, and shrinks
   with every GPU added.
@@ -89,6 +91,11 @@ class UnequalWeights(EvidenceRecord):
     worst_ratio: float = evidence_field(label="worst weight ratio", unit="x")
     steps_compared: int = evidence_field(label="steps compared")
     steps_unequal: int = evidence_field(label="steps unequal")
+    # |averaged - global| / |global| of the gradient at ``step``, over sampled coordinates of the ranks'
+    # local gradients (None: not measurable there, e.g. several losses in one backward)
+    gradient_distance: Optional[float] = evidence_field(label="distance from the global batch's gradient",
+                                                        keep_none=True, default=None)
+    coordinates: int = evidence_field(label="sampled coordinates", default=0)
 
 
 @dataclass(frozen=True)
@@ -183,8 +190,52 @@ def _counts(items: list[_Item], reduction: str) -> dict[str, list[int]]:
     return out
 
 
-def _unequal_finding(found: list[tuple[int, tuple, list[_Item], float]], compared: int) -> Finding:
+def _distance(per_rank: dict[int, LossWindow], key: tuple, world_size: int) -> Optional[tuple[float, int]]:
+    """(|averaged - global| / |global|, coordinates) of the step's gradient, from each rank's sampled
+    local gradients: each backward's contribution C (its read minus the previous one), weighted
+    by its element weight w and count n, gives averaged = (1/W) sum C and global = (1/N) sum C/w.
+    None where it cannot be separated: a backward with another loss, samples missing or unaligned."""
+    layout: Optional[list] = None
+    averaged: Optional[list[float]] = None
+    global_sum: Optional[list[float]] = None
+    total = 0.0
+    for _, window in sorted(per_rank.items()):
+        calls = window.calls
+        if (not window.grad_samples or len(window.grad_samples) != len(calls) or len(calls) != window.backwards
+                or any(_key(c) != key or not _weighed(c) for c in calls)):
+            return None
+        if layout is None:
+            layout = window.grad_layout
+            averaged = [0.0] * len(window.grad_samples[0])
+            global_sum = [0.0] * len(window.grad_samples[0])
+        elif window.grad_layout != layout:
+            return None
+        assert averaged is not None and global_sum is not None
+        previous = [0.0] * len(averaged)
+        for call, read in zip(calls, window.grad_samples):
+            if len(read) != len(averaged):
+                return None
+            weight = call["factor"] / call["count"] if call["reduction"] == "mean" else call["factor"]
+            count = call["count"] if call["reduction"] == "mean" else 1 / weight
+            total += count
+            for i, (now, before) in enumerate(zip(read, previous)):
+                contribution = now - before
+                averaged[i] += contribution / world_size
+                global_sum[i] += contribution / weight
+            previous = read
+    if averaged is None or global_sum is None or not total:
+        return None
+    reference = [g / total for g in global_sum]
+    norm = sum(g * g for g in reference) ** 0.5
+    if not norm:
+        return None
+    return sum((a - g) ** 2 for a, g in zip(averaged, reference)) ** 0.5 / norm, len(averaged)
+
+
+def _unequal_finding(found: list[tuple[int, tuple, list[_Item], float]], compared: int,
+                     windows: dict[int, dict[int, LossWindow]], world_size: int) -> Finding:
     step, key, items, ratio = found[0]
+    measured = _distance(windows[step], key, world_size)
     worst_step, _, worst_items, worst = max(found, key=lambda f: f[3])
     file, line, fn, reduction = key
     location = Location(file=file, line=int(line)) if file and line is not None else None
@@ -198,10 +249,12 @@ def _unequal_finding(found: list[tuple[int, tuple, list[_Item], float]], compare
     else:
         what = (f"`{fn}` ({reduction}) is divided by each rank's own count{window}, and the counts differ "
                 f"({shown} at step {step})")
+    distance = (f"; the averaged gradient is {measured[0]:.1%} away from the global batch's (relative L2 over "
+                f"{measured[1]} sampled coordinates)") if measured else ""
     message = (f"the averaged gradient is not the global batch's: {what}, so "
-               f"{_describe_items(items, ratio)} at step {step} (worst: {worst:.2f}x at step {worst_step}; "
-               f"{len({f[0] for f in found})} of {compared} compared steps). The result depends on the number of "
-               "GPUs")
+               f"{_describe_items(items, ratio)} at step {step}{distance} (worst weight ratio: {worst:.2f}x at step "
+               f"{worst_step}; {len({f[0] for f in found})} of {compared} compared steps). The result depends on the "
+               "number of GPUs")
     fix = ("Weigh every element of the global batch the same: sum the loss (`reduction=\"sum\"`) and divide by the "
            "global count of contributing elements (all_reduce the count; with gradient accumulation, the count of "
            "the whole window), times the world size to cancel DDP's average. Hugging Face's Trainer does it when the "
@@ -211,7 +264,9 @@ def _unequal_finding(found: list[tuple[int, tuple, list[_Item], float]], compare
                    evidence=UnequalWeights(step=step, loss=f"{fn} ({reduction})", counts=counts,
                                            weight_ratio=round(ratio, 4), worst_step=worst_step,
                                            worst_ratio=round(worst, 4), steps_compared=compared,
-                                           steps_unequal=len({f[0] for f in found})))
+                                           steps_unequal=len({f[0] for f in found}),
+                                           gradient_distance=round(measured[0], 4) if measured else None,
+                                           coordinates=measured[1] if measured else 0))
 
 
 def _total_factor(window: LossWindow) -> Optional[float]:
@@ -279,7 +334,7 @@ def analyze(evidence: Evidence) -> CheckResult:
     if not any(len(per_rank) >= 2 for per_rank in windows.values()):
         return CheckResult(summary="no loss of a sampled step was seen on two ranks", applicable=False)
     found, compared = _unequal(windows)
-    findings = [_unequal_finding(found, compared)] if found else []
+    findings = [_unequal_finding(found, compared, windows, evidence.world_size)] if found else []
     scaled = _scaled(evidence, windows)
     if scaled is not None:
         findings.append(scaled)

@@ -323,6 +323,11 @@ class LossWindow(Event):
     # The first line from the loss call to that backward (same file) that scales by a name of the world size
     # (``/ world_size``, ``* dist.get_world_size()``); empty when none does.
     scaling_at: Site = field(default_factory=list)
+    # Samples of the DDP modules' local gradients (before DDP's all-reduce) as each backward of the window
+    # left them, accumulated: [[ddp, parameter position, coordinates]...] and, per backward in order, the
+    # values in that layout (the first coordinates of each parameter). Empty when not taken.
+    grad_layout: list[list[int]] = field(default_factory=list)
+    grad_samples: list[list[float]] = field(default_factory=list)
 
 
 @register_event

@@ -39,6 +39,10 @@ def test_a_per_rank_token_mean_on_padded_sequences(run_check):
     heavier, lighter = sorted(counts, key=lambda r: counts[r][0])
     assert evidence["weight_ratio"] == round(counts[lighter][0] / counts[heavier][0], 4) > 1.05
     assert f"rank {heavier}'s elements weigh" in finding["message"]
+    # measured from the ranks' local gradients (an independent replay of step 1 gives 7.4% on the same
+    # 80 coordinates, 7.7% over every coordinate)
+    assert evidence["coordinates"] == 80 and 0.03 < evidence["gradient_distance"] < 0.15
+    assert "away from the global batch's (relative L2 over 80 sampled coordinates)" in finding["message"]
 
 
 def test_a_loss_divided_by_the_world_size(run_check):
@@ -59,6 +63,7 @@ def test_a_mean_of_means_over_accumulated_micro_batches(run_check):
     assert evidence["case"] == "unequal-weights"
     assert [len(c) for c in evidence["counts"].values()] == [4, 4]  # four micro-batches per rank
     assert "over 4 micro-batches" in finding["message"]
+    assert evidence["gradient_distance"] > 0.01  # each micro-batch's contribution from the accumulated reads
 
 
 @pytest.mark.parametrize("fixture", ["good_global_batch_global_count.py", "good_global_batch_fixed_windows.py",

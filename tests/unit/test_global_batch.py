@@ -108,3 +108,37 @@ def test_sharded_models_are_judged_and_jobs_without_averaging_are_not():
     alone = make_evidence(2, {r: [init_pg(2), _window(1, _call(100 - 50 * r))] for r in (0, 1)})
     assert analyze(alone).status == "skip"
     assert analyze(make_evidence(1, {0: [init_pg(1), ddp_wrap(), _window(1, _call(10))]})).status == "skip"
+
+
+def test_the_distance_from_the_global_batchs_gradient_is_computed_from_local_gradients():
+    """Rank 0 averages 100 elements whose gradients sum to G0, rank 1 50 summing to G1 (one backward
+    each, factor 1): DDP's average is (G0/100 + G1/50)/2, the global batch's (G0 + G1)/150."""
+    g0, g1 = [30.0, -10.0, 5.0], [-20.0, 40.0, 5.0]
+    layout = [[0, 0, 3]]
+    windows = {rank: [LossWindow(step=1, backwards=1, calls=[_call(n)], grad_layout=layout,
+                                 grad_samples=[[v / n for v in g]])]
+               for rank, (n, g) in enumerate(((100, g0), (50, g1)))}
+    (finding,) = analyze(_job(windows)).findings
+    averaged = [(a / 100 + b / 50) / 2 for a, b in zip(g0, g1)]
+    reference = [(a + b) / 150 for a, b in zip(g0, g1)]
+    expected = (sum((x - y) ** 2 for x, y in zip(averaged, reference)) / sum(y * y for y in reference)) ** 0.5
+    assert finding.evidence.gradient_distance == round(expected, 4) and finding.evidence.coordinates == 3
+    assert f"{expected:.1%} away from the global batch's (relative L2 over 3 sampled coordinates)" in finding.message
+
+
+def test_accumulated_reads_are_split_into_each_micro_batchs_contribution():
+    """Reads accumulate over the window: the second backward's read holds both micro-batches."""
+    layout = [[0, 0, 1]]
+    one = {0: [LossWindow(step=1, backwards=2, calls=[_call(10, factor=0.5), _call(30, factor=0.5)],
+                          grad_layout=layout, grad_samples=[[1.0], [1.0 + 2.0]])],
+           1: [LossWindow(step=1, backwards=2, calls=[_call(10, factor=0.5), _call(10, factor=0.5)],
+                          grad_layout=layout, grad_samples=[[1.0], [2.0]])]}
+    (finding,) = analyze(_job(one)).findings
+    # contributions C (factor 0.5 / count): element sums G = C * count / 0.5
+    sums = [1.0 * 10 / 0.5, 2.0 * 30 / 0.5, 1.0 * 10 / 0.5, 1.0 * 10 / 0.5]
+    averaged = (1.0 + 2.0 + 1.0 + 1.0) / 2
+    reference = sum(sums) / 60
+    assert finding.evidence.gradient_distance == round(abs(averaged - reference) / abs(reference), 4)
+    missing = {r: [LossWindow(step=1, backwards=2, calls=w[0].calls, grad_layout=layout, grad_samples=[[1.0]])]
+               for r, w in one.items()}
+    assert analyze(_job(missing)).findings[0].evidence.gradient_distance is None

@@ -25,6 +25,7 @@ from ddpdoctor.rank import callsite, frameworks
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.gc_pause import gc_paused
+from ddpdoctor.rank.probes import loss as loss_probe
 from ddpdoctor.rank.probes import module_calls
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.probes.sidetable import SideTable
@@ -270,6 +271,9 @@ def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tenso
     state.fired.add(index)
     rec.progress += 1
     state.arrived += 1
+    if loss_probe.sampling():  # global-batch: this parameter's local gradient, before DDP averages it
+        with rec.guard(loss_probe.PROBE, "local gradient"):
+            loss_probe.record_grad(state.index, index, len(state.names), param.grad)
     timing = rec.timing
     if timing.backward is None:
         timing.backward = time.time()

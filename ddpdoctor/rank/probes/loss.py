@@ -43,6 +43,8 @@ LOSS_FUNCTIONS = ("cross_entropy", "nll_loss")
 MAX_NODES = 256  # nodes one backward's walk visits at most
 MAX_CALLS = 64  # probed calls kept per window (the rest are counted out)
 MAX_SCAN = 40  # source lines read between a loss call and its backward
+GRAD_COORDINATES = 256  # local-gradient coordinates sampled per DDP module and backward, at most
+MAX_PER_PARAMETER = 16
 # Names a script gives the world size, on a line that scales by it.
 _WORLD_NAMES = re.compile(r"\b(world_size|get_world_size|WORLD_SIZE|num_processes|num_gpus|n_gpus?|ngpus"
                           r"|nprocs|num_replicas|dp_size|dp_world_size)\b")
@@ -89,6 +91,9 @@ class _Window:
     scaled: bool = False
     dropped: int = 0
     backward_at: list = field(default_factory=list)
+    # backward number -> (DDP index, parameter position) -> a sample of its local gradient as that
+    # backward left it, before DDP's all-reduce (the ddp probe's post-accumulate hook: record_grad)
+    grads: dict = field(default_factory=dict)
 
 
 _WINDOW = _Window()
@@ -220,6 +225,40 @@ def _terminal(node: Any, name: str, factor: float, elementwise: bool, mean: Opti
             window.means.append({"node": "mean", "factor": mean_factor, "site": site})
 
 
+def sampling() -> bool:
+    """Whether this step's losses are being weighed (the ddp probe then samples local gradients)."""
+    return _WINDOW.sampled
+
+
+def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.Tensor]) -> None:
+    """A sample of a parameter's local gradient right after this backward accumulated it, before
+    DDP's all-reduce (its first coordinates: the same on every rank); one of ``parameters``."""
+    if grad is None or torch.compiler.is_compiling():
+        return
+    window = _WINDOW
+    k = max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, parameters), grad.numel()))
+    with torch.no_grad():
+        sample = grad.detach().reshape(-1)[:k].to(torch.float64, copy=True)
+    window.grads.setdefault(window.backwards, {})[(ddp, position)] = sample
+
+
+def _grad_samples(window: _Window) -> tuple[list, list]:
+    """(layout [[ddp, position, coordinates]...], per backward in order the samples in that layout):
+    empty when the backwards did not all reach the same parameters."""
+    if not window.grads:
+        return [], []
+    keys = sorted(next(iter(window.grads.values())))
+    if any(sorted(per) != keys for per in window.grads.values()):
+        return [], []
+    layout = [[ddp, position, int(window.grads[min(window.grads)][(ddp, position)].numel())]
+              for ddp, position in keys]
+    samples = []
+    for backward in sorted(window.grads):
+        per = window.grads[backward]
+        samples.append(torch.cat([per[key].to("cpu") for key in keys]).tolist())
+    return layout, samples
+
+
 @functools.lru_cache(maxsize=64)
 def _scaling_line(path: str, first: int, last: int) -> Optional[int]:
     """The first line in ``first..last`` of ``path`` that scales by a name of the world size."""
@@ -263,8 +302,10 @@ def close_window(rec: Recorder, step: int, next_sampled: bool) -> None:
         count = int(next(values)) if call.count is not None else None
         calls.append({"fn": call.fn, "reduction": call.reduction, "count": count, "numel": call.numel,
                       "factor": call.factor, "elementwise": call.elementwise, "site": call.site})
+    layout, samples = _grad_samples(window)
     rec.emit(LossWindow(step=step, backwards=window.backwards, calls=calls, means=window.means,
-                        scaled=window.scaled, backward_at=window.backward_at, scaling_at=_scaling_at(window)))
+                        scaled=window.scaled, backward_at=window.backward_at, scaling_at=_scaling_at(window),
+                        grad_layout=layout, grad_samples=samples))
 
 
 def install(rec: Recorder) -> Callable[[], None]:
