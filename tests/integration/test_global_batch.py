@@ -1,7 +1,7 @@
 """global-batch (issue #33) under real torchrun, 2 gloo ranks on CPU, through the JSON report: the
 three known-bad scripts each get exactly one global-batch warning at the loss line, with its figure;
 their known-good twins (the global-count loss, fixed-length windows, Hugging Face's Trainer on padded
-sequences) are clean and say the weights were compared."""
+sequences, BatchNorm, dropout) are clean and say the weights were compared."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def test_a_mean_of_means_over_accumulated_micro_batches(run_check):
 
 
 @pytest.mark.parametrize("fixture", ["good_global_batch_global_count.py", "good_global_batch_fixed_windows.py",
-                                     "good_hf_trainer_sft_padding.py"])
+                                     "good_hf_trainer_sft_padding.py", "good_batchnorm.py", "good_dropout.py"])
 def test_every_element_weighs_the_same_in_the_good_twins(run_check, fixture):
     run = run_check(fixture)
     assert run.report is not None, run.output[-3000:]
