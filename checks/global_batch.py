@@ -216,7 +216,9 @@ def _distance(per_rank: dict[int, LossWindow], key: tuple, world_size: int) -> O
             if len(read) != len(averaged):
                 return None
             weight = call["factor"] / call["count"] if call["reduction"] == "mean" else call["factor"]
-            count = call["count"] if call["reduction"] == "mean" else 1 / weight
+            # the elements it sums: its contributing targets; a per-element ("none") loss is a masked mean
+            # over 1/weight of them (its mask's count)
+            count = call["count"] if call["reduction"] in ("mean", "sum") else 1 / weight
             total += count
             for i, (now, before) in enumerate(zip(read, previous)):
                 contribution = now - before
@@ -332,7 +334,8 @@ def analyze(evidence: Evidence) -> CheckResult:
         return CheckResult(summary="no DDP or sharded model averages the gradients", applicable=False)
     windows = _windows(evidence)
     if not any(len(per_rank) >= 2 for per_rank in windows.values()):
-        return CheckResult(summary="no loss of a sampled step was seen on two ranks", applicable=False)
+        return CheckResult(summary="no probed loss (cross_entropy, nll_loss, a mean-reduced loss) reached from a "
+                                   "backward at a sampled step on two ranks", applicable=False)
     found, compared = _unequal(windows)
     findings = [_unequal_finding(found, compared, windows, evidence.world_size)] if found else []
     scaled = _scaled(evidence, windows)

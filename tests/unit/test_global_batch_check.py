@@ -126,6 +126,25 @@ def test_the_distance_from_the_global_batchs_gradient_is_computed_from_local_gra
     assert f"{expected:.1%} away from the global batch's (relative L2 over 3 sampled coordinates)" in finding.message
 
 
+def test_a_sum_divided_by_each_ranks_window_count_is_measured_over_its_targets():
+    """Each rank divides its summed token loss by its own window's count (55 and 64 tokens in two
+    micro-batches of 25+30 and 32+32): the global batch is the 119 tokens, not the divisors."""
+    layout = [[0, 0, 1]]
+    sums = {0: (25, 30, 10.0, 20.0), 1: (32, 32, -5.0, 40.0)}
+    windows = {}
+    for rank, (n1, n2, g1, g2) in sums.items():
+        factor = 1 / (n1 + n2)
+        windows[rank] = [LossWindow(step=1, backwards=2, grad_layout=layout,
+                                    calls=[_call(n1, factor=factor, reduction="sum"),
+                                           _call(n2, factor=factor, reduction="sum")],
+                                    grad_samples=[[g1 * factor], [(g1 + g2) * factor]])]
+    (finding,) = analyze(_job(windows)).findings
+    averaged = ((10.0 + 20.0) / 55 + (-5.0 + 40.0) / 64) / 2
+    reference = (10.0 + 20.0 - 5.0 + 40.0) / 119
+    assert finding.evidence.counts == {"0": [55, 55], "1": [64, 64]}
+    assert finding.evidence.gradient_distance == round(abs(averaged - reference) / abs(reference), 4)
+
+
 def test_accumulated_reads_are_split_into_each_micro_batchs_contribution():
     """Reads accumulate over the window: the second backward's read holds both micro-batches."""
     layout = [[0, 0, 1]]
