@@ -86,15 +86,15 @@ class UnequalWeights(EvidenceRecord):
     step: int = evidence_field(label="first step")
     loss: str = evidence_field(label="loss")
     counts: dict[str, list[int]] = evidence_field(label="contributing elements", default_factory=dict)
-    weight_ratio: float = evidence_field(label="weight ratio", unit="x")
+    weight_ratio: float = evidence_field(label="weight ratio", unit="times")
     worst_step: int = evidence_field(label="worst step")
-    worst_ratio: float = evidence_field(label="worst weight ratio", unit="x")
+    worst_ratio: float = evidence_field(label="worst weight ratio", unit="times")
     steps_compared: int = evidence_field(label="steps compared")
     steps_unequal: int = evidence_field(label="steps unequal")
     # |averaged - global| / |global| of the gradient at ``step``, over sampled coordinates of the ranks'
     # local gradients (None: not measurable there, e.g. several losses in one backward)
     gradient_distance: Optional[float] = evidence_field(label="distance from the global batch's gradient",
-                                                        keep_none=True, default=None)
+                                                        unit="fraction", keep_none=True, default=None)
     coordinates: int = evidence_field(label="sampled coordinates", default=0)
 
 

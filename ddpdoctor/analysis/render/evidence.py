@@ -363,6 +363,7 @@ UNITS: dict[str, Formatter] = {
     "gbps": lambda v: f"{number(v)} GB/s",
     "pct": lambda v: f"{number(v)} %",
     "fraction": percent,
+    "times": lambda v: f"{number(v)}x",
     "ranks": ranks_text,
     "rank": lambda v: f"rank {v}",
     "code": lambda v: f"`{v}`",
