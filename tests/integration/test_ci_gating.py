@@ -66,7 +66,8 @@ def test_every_format_from_one_run_of_a_known_bad_fixture(tmp_path):
 
     suite = ET.parse(out["junit.xml"]).getroot()
     cases = {case.get("name"): case for case in suite.iter("testcase")}
-    assert len(cases) == 14 and cases["gradient-sync"].find("failure") is not None
+    report = json.loads(out["r.json"].read_text())
+    assert len(cases) == len(report["checks"]) == 15 and cases["gradient-sync"].find("failure") is not None
     assert "buffer-sync" in cases["gradient-sync"].findtext("system-out")  # the consequence, shown under it
     assert cases["buffer-sync"].find("failure") is None
     properties = {p.get("name"): p.get("value") for p in suite.iter("property")}

@@ -45,7 +45,7 @@ def test_list_explain_and_version(tmp_path):
     ids = [line.split()[0] for line in listed.stdout.splitlines()]
     assert ids == ["gradient-sync", "buffer-sync", "sampler-disjoint", "set-epoch", "unused-parameters",
                    "collective-hang", "uneven-inputs", "rank0-checkpoint", "rank-failure", "not-distributed",
-                   "env-consistency", "collective-bandwidth", "config-sync", "optimizer-params"]
+                   "env-consistency", "collective-bandwidth", "config-sync", "optimizer-params", "global-batch"]
     explained = ddpdoctor("explain", "set-epoch", cwd=tmp_path)
     assert explained.returncode == 0
     for section in ("What it does", "Why it matters", "Example", "Use instead"):

@@ -22,6 +22,6 @@ def test_a_sharded_modules_forward_called_directly_is_decoded_into_the_bypassed_
     assert finding["evidence"]["decoded"]["code"] == "fsdp-hooks-bypassed"
     assert "ran without FSDP's pre-forward hook (its `.forward(x)` called directly)" in finding["message"]
     assert "aten.addmm.default got mixed torch.Tensor and DTensor" in finding["message"]
-    assert finding["fix"] == ("Call the module itself (`module(x)`), not `module.forward(x)`, so FSDP's hooks "
-                              "all-gather its parameters first.")
+    assert finding["fix"].startswith("Call the module itself (`module(x)`), not `module.forward(x)`, so FSDP's "
+                                     "hooks all-gather its parameters first;")
     assert finding["consequences"] == []

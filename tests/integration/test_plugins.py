@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "plugin_example"
 EXAMPLE_ID = "example-optimizer-count"
-BUILTIN_COUNT = 14
+BUILTIN_COUNT = 15
 
 BROKEN_PYPROJECT = """\
 [build-system]
