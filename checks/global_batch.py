@@ -137,6 +137,12 @@ def _weighed(call: dict[str, Any]) -> bool:
             and call.get("reduction") in ("mean", "sum", "none") and call["factor"] > 0)
 
 
+def _weight(call: dict[str, Any]) -> float:
+    """The weight of one element of a weighed call, up to DDP's common 1/W: a mean's factor over its
+    count, a summed (or per-element) loss's factor."""
+    return float(call["factor"] / call["count"] if call["reduction"] == "mean" else call["factor"])
+
+
 def _items(per_rank: dict[int, LossWindow]) -> dict[tuple, list[_Item]]:
     groups: dict[tuple, list[_Item]] = {}
     for rank, window in sorted(per_rank.items()):
@@ -146,7 +152,7 @@ def _items(per_rank: dict[int, LossWindow]) -> dict[tuple, list[_Item]]:
                 continue
             key = _key(call)
             index = micro[key] = micro.get(key, -1) + 1
-            weight = call["factor"] / call["count"] if call["reduction"] == "mean" else call["factor"]
+            weight = _weight(call)
             groups.setdefault(key, []).append(_Item(rank, index, int(call["count"]), weight))
     return groups
 
@@ -215,7 +221,7 @@ def _distance(per_rank: dict[int, LossWindow], key: tuple, world_size: int) -> O
         for call, read in zip(calls, window.grad_samples):
             if len(read) != len(averaged):
                 return None
-            weight = call["factor"] / call["count"] if call["reduction"] == "mean" else call["factor"]
+            weight = _weight(call)
             # the elements it sums: its contributing targets; a per-element ("none") loss is a masked mean
             # over 1/weight of them (its mask's count)
             count = call["count"] if call["reduction"] in ("mean", "sum") else 1 / weight
@@ -317,13 +323,13 @@ def _scaled(evidence: Evidence, windows: dict[int, dict[int, LossWindow]]) -> Op
                    f"it by a global count: the update is {world}x the global batch's")
         fix = ("Multiply by the world size only to cancel DDP's average after dividing by the global batch's count "
                "(a sum over the global batch), or not at all.")
-    return Finding(check=ID, severity="warning", message=message, fix=fix, ranks=tuple(sorted(windows_ranks(windows))),
+    return Finding(check=ID, severity="warning", message=message, fix=fix, ranks=tuple(sorted(_ranks_of(windows))),
                    location=loss or where,
                    evidence=ScaledByWorldSize(factor=round(common, 6), world_size=world, scaled_at=where.to_json(),
                                               steps_compared=compared))
 
 
-def windows_ranks(windows: dict[int, dict[int, LossWindow]]) -> set[int]:
+def _ranks_of(windows: dict[int, dict[int, LossWindow]]) -> set[int]:
     return {r for per_rank in windows.values() for r in per_rank}
 
 

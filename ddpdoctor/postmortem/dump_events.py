@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from ddpdoctor.postmortem.flight_recorder import WORLD_PG, Dump
-from ddpdoctor.schema.events import Collective, Event, InternalCollectives, InternalPhase
+from ddpdoctor.schema.events import FSDP_STATE_DICT_FILES, Collective, Event, InternalCollectives, InternalPhase
 
 __all__ = ["ConvertedRank", "Pending", "convert_dump", "is_library_file", "user_site", "as_stack", "Interner"]
 
@@ -46,7 +46,6 @@ _C10D = "torch/distributed/distributed_c10d.py"
 _DDP = "torch/nn/parallel/distributed.py"
 _AUTOGRAD = ("torch/autograd/", "torch/_tensor.py")
 _FSDP = "torch/distributed/fsdp/"
-_FSDP_STATE_DICT = ("_state_dict_utils.py", "_optim_utils.py", "_unshard_param_utils.py")
 # The profiling names of backends whose op is not the user-facing name.
 _OP_NAMES = {"_allgather_base": "all_gather_into_tensor", "_all_gather_base": "all_gather_into_tensor",
              "allgather": "all_gather", "allreduce": "all_reduce", "_reduce_scatter_base": "reduce_scatter_tensor",
@@ -163,7 +162,7 @@ def _fsdp_phase(files: list[str]) -> Optional[InternalPhase]:
     """FSDP's phase where FSDP's code made the call (as the live probe names it), else None."""
     if not any(_FSDP in path for path in files):
         return None
-    if any(_FSDP in path and path.endswith(_FSDP_STATE_DICT) for path in files):
+    if any(_FSDP in path and path.endswith(FSDP_STATE_DICT_FILES) for path in files):
         return InternalPhase.FSDP_STATE_DICT
     if any(part in path for path in files for part in _AUTOGRAD):
         return InternalPhase.FSDP_BACKWARD
@@ -186,11 +185,6 @@ def _phase(frames: list) -> InternalPhase:
     if any("torch/distributed/utils.py" in path for path in files):
         return InternalPhase.DDP_INIT
     return InternalPhase.OTHER
-
-
-def _fsdp_value(frames: list) -> Optional[str]:
-    phase = _fsdp_phase([(f.get("filename") or "").replace("\\", "/") for f in frames])
-    return phase.value if phase is not None else None
 
 
 @dataclass
@@ -248,10 +242,11 @@ def _stack(frames: list, interner: Interner) -> _Stack:
         traced = _traced(frames)
         site = user_site(frames, interner)
         index = traced[1] if traced else -1
+        phase = _phase(frames)
         info = interner.stacks[key] = _Stack(
-            traced=traced[0] if traced else None, site=site, phase=_phase(frames),
+            traced=traced[0] if traced else None, site=site, phase=phase,
             outside=key[index + 1:] if traced else (), inside=key[:index + 1] if traced else (),
-            rank_branch=in_rank_branch(site), fsdp=_fsdp_value(frames))
+            rank_branch=in_rank_branch(site), fsdp=phase.value if phase.is_fsdp else None)
     return info
 
 

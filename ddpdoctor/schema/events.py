@@ -626,6 +626,10 @@ class InternalPhase(str, Enum):
         return self.value.startswith("ddp-")
 
     @property
+    def is_fsdp(self) -> bool:
+        return self.value.startswith("fsdp-")
+
+    @property
     def words(self) -> str:
         """In a few words (the live view, the timeline): "DDP's forward broadcast"."""
         return _PHASE_TEXT[self.value][0]
@@ -659,6 +663,9 @@ _PHASE_TEXT = {
     "other": ("a library's collective", "a collective no traced call made", "a library's collective"),
 }
 INTERNAL_PHASES = tuple(p.value for p in InternalPhase)
+# FSDP1's modules that gather a model's or optimizer's state dict: a collective called under one of them
+# is FSDP's state-dict gathering (its unshard uses the same all-gather as a forward's), live and post-mortem.
+FSDP_STATE_DICT_FILES = ("_state_dict_utils.py", "_optim_utils.py", "_unshard_param_utils.py")
 # DDP's own collectives by InternalCollectives.phase, in a few words (the live view and the timeline).
 DDP_PHASE_WORDS = {p.value: p.words for p in InternalPhase if p.is_ddp}
 

@@ -30,7 +30,7 @@ from ddpdoctor.rank import callsite
 from ddpdoctor.rank.clock import units_of
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
-from ddpdoctor.schema.events import Collective, InternalPhase
+from ddpdoctor.schema.events import FSDP_STATE_DICT_FILES, Collective, InternalPhase
 
 PROBE = "collectives"
 
@@ -59,8 +59,6 @@ def _graph_task_running() -> bool:
         return False
 
 
-# FSDP1's modules that gather state dicts (their unshard goes through the same all-gather as a forward's)
-_FSDP_STATE_DICT_FILES = ("_state_dict_utils.py", "_optim_utils.py", "_unshard_param_utils.py")
 
 
 def _in_state_dict(frame: Optional[FrameType]) -> bool:
@@ -69,7 +67,7 @@ def _in_state_dict(frame: Optional[FrameType]) -> bool:
         if frame is None:
             return False
         name = frame.f_code.co_filename
-        if _FSDP_DIR in name and name.endswith(_FSDP_STATE_DICT_FILES):
+        if _FSDP_DIR in name and name.endswith(FSDP_STATE_DICT_FILES):
             return True
         frame = frame.f_back
     return False

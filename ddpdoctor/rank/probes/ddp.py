@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpdoctor.rank import callsite, frameworks
@@ -27,6 +26,7 @@ from ddpdoctor.rank.fingerprint import fingerprint
 from ddpdoctor.rank.gc_pause import gc_paused
 from ddpdoctor.rank.probes import loss as loss_probe
 from ddpdoctor.rank.probes import module_calls
+from ddpdoctor.rank.probes import sharding as sharding_probe
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
@@ -252,15 +252,8 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
         sync_batchnorm=any(isinstance(m, torch.nn.SyncBatchNorm) for m in ddp.module.modules()),
         device=str(next((p.device for _, p in named), "cpu")), site=callsite.caller_site(3),
         framework=framework, framework_version=framework_version, frozen=[n for n, _ in frozen],
-        group_ranks=_group_ranks(getattr(ddp, "process_group", None))))
+        group_ranks=sharding_probe.group_ranks(getattr(ddp, "process_group", None))))
 
-
-def _group_ranks(group: object) -> list[int]:
-    """The global ranks of DDP's process group ([] when torch cannot say)."""
-    try:
-        return [int(r) for r in dist.get_process_group_ranks(group)]  # type: ignore[arg-type]
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        return []
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:

@@ -41,7 +41,7 @@ from ddpdoctor.schema.events import LossWindow
 PROBE = "loss"
 LOSS_FUNCTIONS = ("cross_entropy", "nll_loss")
 MAX_NODES = 256  # nodes one backward's walk visits at most
-MAX_CALLS = 64  # probed calls kept per window (the rest are counted out)
+MAX_CALLS = 64  # probed calls kept per window (the rest are not weighed)
 MAX_SCAN = 40  # source lines read between a loss call and its backward
 GRAD_COORDINATES = 256  # local-gradient coordinates sampled per DDP module and backward, at most
 MAX_PER_PARAMETER = 16
@@ -89,7 +89,6 @@ class _Window:
     backwards: int = 0
     scaler_nodes: dict = field(default_factory=dict)  # id(GradScaler's multiply node) -> the node
     scaled: bool = False
-    dropped: int = 0
     backward_at: list = field(default_factory=list)
     # backward number -> (DDP index, parameter position) -> a sample of its local gradient as that
     # backward left it, before DDP's all-reduce (the ddp probe's post-accumulate hook: record_grad)
@@ -100,8 +99,12 @@ _WINDOW = _Window()
 _depth = [0]  # inside a probed call (a loss calling another)
 
 
-def _reduction(args: tuple, kwargs: dict, position: int) -> str:
-    reduction = kwargs.get("reduction", args[position] if len(args) > position else "mean")
+REDUCTION_ARG = 6  # cross_entropy's and nll_loss's positional index of ``reduction``
+IGNORE_INDEX_ARG = 4
+
+
+def _reduction(args: tuple, kwargs: dict) -> str:
+    reduction = kwargs.get("reduction", args[REDUCTION_ARG] if len(args) > REDUCTION_ARG else "mean")
     if kwargs.get("size_average") is False or kwargs.get("reduce") is False:
         return "legacy"
     return reduction if isinstance(reduction, str) else "mean"
@@ -111,20 +114,19 @@ def _record_call(fn: str, result: Any, args: tuple, kwargs: dict) -> None:
     """Keep what a probed loss call contributes, keyed by the node its result comes out of."""
     window = _WINDOW
     if len(window.calls) >= MAX_CALLS:
-        window.dropped += 1
         return
     node = getattr(result, "grad_fn", None)
     if node is None:
         return
     target = args[1] if len(args) > 1 else kwargs.get("target")
-    ignore_index = kwargs.get("ignore_index", args[4] if len(args) > 4 else -100)
+    ignore_index = kwargs.get("ignore_index", args[IGNORE_INDEX_ARG] if len(args) > IGNORE_INDEX_ARG else -100)
     count = None
     numel = 0
     if isinstance(target, torch.Tensor) and not target.is_floating_point():
         numel = target.numel()
         with torch.no_grad():
             count = (target != ignore_index).sum()
-    call = _Call(fn=fn, reduction=_reduction(args, kwargs, 6), count=count,
+    call = _Call(fn=fn, reduction=_reduction(args, kwargs), count=count,
                  numel=numel, site=callsite.caller_site(1))
     window.calls.append(call)
     window.nodes[node] = call

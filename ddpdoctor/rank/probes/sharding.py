@@ -135,7 +135,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                     groups.append(getattr(self, "process_group", None))  # the shard group, innermost
                     record("FullyShardedDataParallel", module, classes, kwargs.get("device_mesh"), groups,
                            hybrid=hybrid, sharding_strategy=strategy,
-                           replicate_group=_group_ranks(groups[0]) if hybrid else _group_ranks(None))
+                           replicate_group=group_ranks(groups[0]) if hybrid else group_ranks(None))
 
         return __init__
 
@@ -232,7 +232,7 @@ def _replicate_group(mesh: Any) -> list[int]:
         return []
 
 
-def _group_ranks(group: Optional[Any]) -> list[int]:
+def group_ranks(group: Optional[Any]) -> list[int]:
     """The global ranks of a process group (FSDP1's replicate group); this rank alone for None."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
