@@ -3,13 +3,16 @@ global batch (and the same accumulation window)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
 from ddpdoctor.analysis import facts
 from ddpdoctor.analysis.api import Check, CheckResult, EvidenceRecord, Finding, Location, evidence_field
 from ddpdoctor.analysis.evidence import Evidence
+from ddpdoctor.analysis.one_rank import Judgement, judge
 from ddpdoctor.schema.events import LossWindow
+from ddpdoctor.schema.observations import OneRankReplay
 
 from ._common import fmt_ranks, short_site
 
@@ -108,6 +111,35 @@ class ScaledByWorldSize(EvidenceRecord):
     world_size: int = evidence_field(label="world size")
     scaled_at: Optional[dict[str, Any]] = evidence_field(label="scaled at", keep_none=True)
     steps_compared: int = evidence_field(label="steps compared")
+
+
+@dataclass(frozen=True)
+class OneRankDiffers(EvidenceRecord):
+    """--against-one-rank: the first step where N ranks and one process differ beyond rounding."""
+
+    discriminator = {"case": "one-rank-differs"}
+    case: str = evidence_field(hidden=True, default="one-rank-differs")
+    step: int = evidence_field(label="first differing step")
+    quantity: str = evidence_field(label="differs in")
+    parameter: Optional[str] = evidence_field(label="parameter", keep_none=True)
+    distance: float = evidence_field(label="distance from one process", unit="fraction")
+    tolerance: float = evidence_field(label="tolerance (rounding bound)", unit="fraction")
+    loss_ranks: Optional[float] = evidence_field(label="loss, N ranks", keep_none=True)
+    loss_one: Optional[float] = evidence_field(label="loss, one process", keep_none=True)
+    scale: Optional[float] = evidence_field(label="gradient ratio", unit="times", keep_none=True, default=None)
+    steps_compared: int = evidence_field(label="steps compared", default=0)
+
+
+@dataclass(frozen=True)
+class OneRankLimited(EvidenceRecord):
+    """--against-one-rank: why the replay cannot compare exactly (or could not run)."""
+
+    discriminator = {"case": "one-rank-limited"}
+    case: str = evidence_field(hidden=True, default="one-rank-limited")
+    limits: list[str] = evidence_field(label="limits", default_factory=list)
+    steps_compared: int = evidence_field(label="steps compared", default=0)
+    largest_distance: Optional[float] = evidence_field(label="largest gradient distance (not judged)",
+                                                       unit="fraction", keep_none=True, default=None)
 
 
 @dataclass(frozen=True)
@@ -333,7 +365,68 @@ def _ranks_of(windows: dict[int, dict[int, LossWindow]]) -> set[int]:
     return {r for per_rank in windows.values() for r in per_rank}
 
 
+def _replay_findings(replay: OneRankReplay, world_size: int) -> tuple[Optional[Finding], str]:
+    """(a finding for the replay, or None where it agrees; a sentence for the summary)."""
+    if replay.error:
+        return Finding(check=ID, severity="info", message=f"--against-one-rank could not compare: {replay.error}",
+                       fix="See the message; the rest of the report does not depend on the replay.",
+                       evidence=OneRankLimited(limits=[replay.error])), "the one-process replay could not run"
+    judged: Judgement = judge(replay)
+    limits = list(judged.limits)
+    if judged.tolerance is None and not limits:
+        limits.append(f"{replay.precision} cannot resolve the difference: its rounding bound over sums of this length "
+                      f"exceeds 10%")
+    if limits:
+        message = ("the one-process replay cannot compare exactly: " + "; ".join(limits)
+                   + f" (largest gradient distance {judged.largest:.2%} over {judged.steps} steps, not judged)")
+        return Finding(check=ID, severity="info", message=message,
+                       fix="To compare exactly, run the check with dropout off (p=0), BatchNorm in eval mode or "
+                           "SyncBatchNorm, and batches the ranks' loaders can give back.",
+                       evidence=OneRankLimited(limits=limits, steps_compared=judged.steps,
+                                               largest_distance=round(judged.largest, 6))), "not exactly comparable"
+    assert judged.tolerance is not None
+    if judged.difference is None:
+        return None, (f"a one-process replay of {judged.steps} steps agrees within rounding ({judged.parameters} "
+                      f"gradients compared per step, largest distance {judged.largest:.2g}, tolerance "
+                      f"{judged.tolerance:.2g})")
+    d = judged.difference
+    what = f"`{d.parameter}`'s gradient" if d.what == "gradient" else "the loss"
+    scale = ""
+    if d.scale is not None and abs(d.scale - 1) > judged.tolerance:
+        named = f" = 1/{world_size}, the world size" if abs(d.scale * world_size - 1) < 1e-3 else \
+            f" = {world_size}, the world size" if abs(d.scale / world_size - 1) < 1e-3 else ""
+        scale = f"; the averaged gradient is {d.scale:.4g}x one process's{named}"
+    losses = f"; loss {d.loss_ranks:.6g} on {world_size} ranks, {d.loss_one:.6g} in one process" \
+        if d.loss_ranks is not None and d.loss_one is not None else ""
+    message = (f"{world_size} ranks do not train like one process on the same global batch: from step {d.step}, "
+               f"{what} is {d.distance:.2%} away from one process's, beyond the rounding bound "
+               f"({judged.tolerance:.2g}){scale}{losses} (replay of {judged.steps} steps from the same weights)")
+    return Finding(check=ID, severity="warning", message=message,
+                   fix="Normalize the loss by the global batch (see `ddpdoctor explain global-batch`).",
+                   evidence=OneRankDiffers(step=d.step, quantity=d.what, parameter=d.parameter,
+                                           distance=round(d.distance, 6), tolerance=float(f"{judged.tolerance:.3g}"),
+                                           loss_ranks=d.loss_ranks, loss_one=d.loss_one,
+                                           scale=round(d.scale, 6) if d.scale is not None else None,
+                                           steps_compared=judged.steps)), f"differs from one process at step {d.step}"
+
+
 def analyze(evidence: Evidence) -> CheckResult:
+    result = _analyze(evidence)
+    replay = evidence.observations.one_rank
+    if replay is None or not result.applicable and not replay.steps and not replay.error:
+        return result
+    finding, said = _replay_findings(replay, evidence.world_size)
+    findings = list(result.findings)
+    if finding is not None and findings and finding.severity == "warning":
+        first = findings[0]  # the cause the probes found; the replay's difference is its consequence
+        findings[0] = dataclasses.replace(first, consequences=(*first.consequences, finding.as_consequence()))
+    elif finding is not None:
+        findings.append(finding)
+    summary = f"{result.summary}; {said}" if result.applicable else said
+    return CheckResult(findings=findings, summary=summary)
+
+
+def _analyze(evidence: Evidence) -> CheckResult:
     if evidence.world_size < 2:
         return CheckResult(summary="single process: nothing to compare", applicable=False)
     if not (facts.ddp.wraps(evidence) or facts.ddp.sharding(evidence)):
@@ -357,4 +450,5 @@ def analyze(evidence: Evidence) -> CheckResult:
 
 
 CHECK = Check(id=ID, title="N ranks train like one process on the global batch", analyze=analyze, docs=DOCS,
-              order=150, probes=("loss", "optimizer", "ddp", "sharding"), evidence=(UnequalWeights, ScaledByWorldSize))
+              order=150, probes=("loss", "optimizer", "ddp", "sharding", "one_rank"),
+              evidence=(UnequalWeights, ScaledByWorldSize, OneRankDiffers, OneRankLimited))

@@ -54,6 +54,7 @@ class Recorder:
         self.fingerprint_every = max(0, settings.fingerprint_every)  # 0: the automatic schedule
         self.max_steps = settings.max_steps
         self.max_epochs = settings.max_epochs
+        self.one_rank = (settings.one_rank_role, settings.one_rank_dir, settings.one_rank_steps)  # --against-one-rank
         self.pid = os.getpid()
         self.rank: Optional[int] = _env_int("RANK")
         self.world_size: Optional[int] = _env_int("WORLD_SIZE")

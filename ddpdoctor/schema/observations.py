@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
-__all__ = ["Heartbeat", "StackDump", "RankState", "StopSnapshot", "Failure", "Outcome", "Observations"]
+__all__ = ["Heartbeat", "StackDump", "RankState", "StopSnapshot", "Failure", "Outcome", "OneRankReplay", "Observations"]
 
 
 def _known(cls: type, data: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +177,33 @@ class Outcome(str, Enum):
 
 
 @dataclass(kw_only=True)
+class OneRankReplay:
+    """--against-one-rank: the job's first optimizer steps replayed in one process on the union of the
+    ranks' batches, each step from rank 0's weights before it, compared with what the N ranks computed.
+    The replay process measures (it holds both sides' tensors); the global-batch check judges."""
+
+    world_size: int = 0  # ranks of the recorded run
+    steps_requested: int = 0
+    # per compared optimizer step: {"optimizer", "step", "loss_ranks" (mean over ranks of what each passed to
+    # backward), "loss_one", "params": [[name, |g_N - g_1|, |g_N|, |g_1|, <g_N, g_1>], ...]}
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    # why the comparison cannot be exact (dropout, BatchNorm's per-rank statistics, data not from a DataLoader...)
+    limits: list[str] = field(default_factory=list)
+    precision: str = "float32"  # the lowest precision the step computes in (parameters, autocast)
+    rows: int = 0  # elements of the largest tensor of the global batch: the longest sum of a gradient
+    fan_in: int = 0  # the widest layer's inputs: the longest sum of a forward
+    batches: str = ""  # how the global batch was formed: "joined" (the ranks' batches concatenated), "collated"
+    error: Optional[str] = None  # the replay could not run or compare (then nothing else is judged)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "OneRankReplay":
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True)
 class Observations:
     """Everything the supervisor side knows about the run besides the ranks' own events."""
 
@@ -195,6 +222,7 @@ class Observations:
     stalls: list[StopSnapshot] = field(default_factory=list)  # no-progress episodes that resolved
     min_busbw_gbps: Optional[float] = None  # --min-busbw: the collective-bandwidth check's floor
     launcher_log: list[str] = field(default_factory=list)  # torchrun's own log lines, kept off the screen
+    one_rank: Optional[OneRankReplay] = None  # --against-one-rank's replay, when asked for
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "world_size": self.world_size, "nnodes": self.nnodes,
@@ -203,7 +231,8 @@ class Observations:
                 "stop": self.stop.to_json() if self.stop else None, "timeout_s": self.timeout_s,
                 "output_tails": {str(r): lines for r, lines in sorted(self.output_tails.items())},
                 "missing_ranks": self.missing_ranks, "stalls": [s.to_json() for s in self.stalls],
-                "min_busbw_gbps": self.min_busbw_gbps, "launcher_log": list(self.launcher_log)}
+                "min_busbw_gbps": self.min_busbw_gbps, "launcher_log": list(self.launcher_log),
+                "one_rank": self.one_rank.to_json() if self.one_rank else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Observations":
@@ -216,4 +245,5 @@ class Observations:
                    output_tails={int(r): list(v) for r, v in (data.get("output_tails") or {}).items()},
                    missing_ranks=list(data.get("missing_ranks") or []),
                    stalls=[StopSnapshot.from_json(s) for s in data.get("stalls") or []],
-                   min_busbw_gbps=data.get("min_busbw_gbps"), launcher_log=list(data.get("launcher_log") or []))
+                   min_busbw_gbps=data.get("min_busbw_gbps"), launcher_log=list(data.get("launcher_log") or []),
+                   one_rank=OneRankReplay.from_json(data["one_rank"]) if data.get("one_rank") else None)

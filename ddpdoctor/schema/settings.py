@@ -26,6 +26,12 @@ FR_DUMPS = "DDPDOCTOR_FR_DUMPS"  # --keep-evidence: ranks write flight recorder 
 # torchrun, by leaving RELAUNCH_UNDER_TORCHRUN in the evidence folder (its contents: the call site).
 SPAWN_GUESSED = "DDPDOCTOR_SPAWN_GUESSED"
 RELAUNCH_UNDER_TORCHRUN = "relaunch-under-torchrun.json"
+# --against-one-rank: "record" (each rank of the N-rank run keeps what the replay needs) or "replay" (the one
+# process that replays it), the folder they share, and how many optimizer steps.
+ONE_RANK_ROLE = "DDPDOCTOR_ONE_RANK_ROLE"
+ONE_RANK_DIR = "DDPDOCTOR_ONE_RANK_DIR"
+ONE_RANK_STEPS = "DDPDOCTOR_ONE_RANK_STEPS"
+ONE_RANK_RESULT = "one-rank.json"  # what the replay measured, in ONE_RANK_DIR
 # Set for the supervisor: a folder where each run writes the analysis's whole input beside its JSON report,
 # so the analysis can be replayed offline (the golden-report test).
 CAPTURE_DIR = "DDPDOCTOR_CAPTURE_DIR"
@@ -61,6 +67,9 @@ class RankSettings:
     device: str = "auto"  # simulate CUDA/NCCL on CPU: "auto", "simulate" (always), "native" (see DEVICE_MODES)
     nproc_per_node: Optional[int] = None  # GPUs a simulated node shows before workers exist (mp.spawn launcher)
     flight_recorder_dumps: bool = False  # write flight recorder dumps (at the end, on a hang) for --keep-evidence
+    one_rank_role: str = ""  # --against-one-rank: "record", "replay", or "" (off)
+    one_rank_dir: str = ""
+    one_rank_steps: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "RankSettings":
@@ -72,7 +81,9 @@ class RankSettings:
                    max_epochs=int(env[MAX_EPOCHS]) if env.get(MAX_EPOCHS) else None,
                    device=env.get(DEVICE) or "auto",
                    nproc_per_node=int(env[NPROC_PER_NODE]) if env.get(NPROC_PER_NODE) else None,
-                   flight_recorder_dumps=env.get(FR_DUMPS) == "1")
+                   flight_recorder_dumps=env.get(FR_DUMPS) == "1",
+                   one_rank_role=env.get(ONE_RANK_ROLE) or "", one_rank_dir=env.get(ONE_RANK_DIR) or "",
+                   one_rank_steps=int(env.get(ONE_RANK_STEPS) or 0))
 
     def to_env(self) -> dict[str, str]:
         env = {EVIDENCE_DIR: self.evidence_dir, FINGERPRINT_EVERY: str(self.fingerprint_every),
@@ -88,4 +99,7 @@ class RankSettings:
             env[NPROC_PER_NODE] = str(self.nproc_per_node)
         if self.flight_recorder_dumps:
             env[FR_DUMPS] = "1"
+        if self.one_rank_role:
+            env.update({ONE_RANK_ROLE: self.one_rank_role, ONE_RANK_DIR: self.one_rank_dir,
+                        ONE_RANK_STEPS: str(self.one_rank_steps)})
         return env

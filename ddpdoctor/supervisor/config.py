@@ -63,6 +63,10 @@ class RunConfig:
     extra_env: dict = field(default_factory=dict)
     min_busbw_gbps: Optional[float] = opts.MIN_BUSBW.default  # the reference job's collectives must reach this
     device: str = opts.DEVICE.default  # simulate CUDA/NCCL on CPU: auto, simulate (alias cpu: always), native
+    against_one_rank: Optional[int] = opts.AGAINST_ONE_RANK.default  # replay this many steps in one process
+    # --against-one-rank's side of this launch: "record" (the N ranks) or "replay" (the one process), and its folder
+    one_rank_role: str = ""
+    one_rank_dir: str = ""
     # How the launch mode was chosen, when not from the options alone (a spawn guess corrected to torchrun).
     launch_note: str = ""
 

@@ -137,7 +137,9 @@ def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool)
     env.update(settings.RankSettings(evidence_dir=evidence_dir, fingerprint_every=config.fingerprint_every,
                                      max_steps=config.max_steps, max_epochs=config.max_epochs,
                                      device=config.device, nproc_per_node=config.nproc_per_node,
-                                     flight_recorder_dumps=config.keep_evidence is not None).to_env())
+                                     flight_recorder_dumps=config.keep_evidence is not None,
+                                     one_rank_role=config.one_rank_role, one_rank_dir=config.one_rank_dir,
+                                     one_rank_steps=config.against_one_rank or 0).to_env())
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, without its banner
     env["PYTHONUNBUFFERED"] = "1"  # rank output shows up live, not at exit
     env.update(config.extra_env)

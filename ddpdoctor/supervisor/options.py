@@ -172,6 +172,10 @@ MIN_BUSBW = Option(
     validate=positive("bandwidth in GB/s"),
     help="Reference job: an error (collective-bandwidth) when a collective's peak bus bandwidth stays below GBPS "
          "GB/s.")
+AGAINST_ONE_RANK = Option(
+    "against_one_rank", ("--against-one-rank",), int, None, run_field=True, metavar="K", validate=at_least(1),
+    help="After the run, replay its first K optimizer steps in one process on the union of the ranks' batches, from "
+         "the same weights, and compare losses and gradients step by step (global-batch). Torchrun launches only.")
 # The report files, one option per row of report_files.RENDERERS, then GitHub's annotations.
 FILE_OUTPUTS: tuple[Option, ...] = tuple(Option(r.name, (r.flag,), Path, None, metavar="PATH", help=r.help)
                                          for r in RENDERERS)
@@ -195,7 +199,8 @@ ENV_TIMEOUT = Option("env_timeout_s", ("--timeout",), float, 120.0, in_config=Fa
 # Each command's options, in --help order.
 CHECK: tuple[Option, ...] = (
     NPROC_PER_NODE, NNODES, HANG_TIMEOUT, TIMEOUT, MAX_STEPS, MAX_EPOCHS, SELECT, IGNORE, FAIL_ON, EXIT_ZERO,
-    *OUTPUTS, LAUNCH, FINGERPRINT_EVERY, QUIET, PLAIN, KEEP_EVIDENCE, DEVICE, MIN_BUSBW)
+    *OUTPUTS, LAUNCH, FINGERPRINT_EVERY, QUIET, PLAIN, KEEP_EVIDENCE, DEVICE, MIN_BUSBW,
+    AGAINST_ONE_RANK)
 REPORT: tuple[Option, ...] = (FAIL_ON, *(o for o in OUTPUTS if o.name != "json"), PLAIN)
 ANALYZE: tuple[Option, ...] = (WORLD_SIZE, FAIL_ON, EXIT_ZERO, *OUTPUTS, PLAIN)
 ENV: tuple[Option, ...] = (NPROC_PER_NODE, NNODES, ENV_JSON, ENV_MARKDOWN, ENV_TIMEOUT, PLAIN)

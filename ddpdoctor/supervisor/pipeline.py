@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Optional
 
 from ddpdoctor._version import __version__
 from ddpdoctor.schema import settings
-from ddpdoctor.schema.observations import Failure, Observations, Outcome, StopSnapshot
-from ddpdoctor.supervisor import launch
+from ddpdoctor.schema.observations import Failure, Observations, OneRankReplay, Outcome, StopSnapshot
+from ddpdoctor.supervisor import launch, one_rank
 from ddpdoctor.supervisor.config import RunConfig
 from ddpdoctor.supervisor.display import Display, NullDisplay
 from ddpdoctor.supervisor.jobs import SubprocessJob
@@ -57,8 +57,11 @@ def _run(config: RunConfig, display: Display, signals: StopSignals) -> "Report":
     if existing is not None:
         return _run_in_existing_launch(config, existing, script, display, started, signals)
     evidence_dir = tempfile.mkdtemp(prefix="ddpdoctor-")
+    replay_dir = tempfile.mkdtemp(prefix="ddpdoctor-one-rank-") if config.against_one_rank and not \
+        one_rank.unsupported(config, launch.choose_mode(config, script)) else None
     try:
-        plan = launch.build_plan(config, script, evidence_dir)
+        plan = launch.build_plan(one_rank.recording(config, replay_dir) if replay_dir else config, script,
+                                 evidence_dir)
         job = SubprocessJob(plan.commands, plan.env, env_per_command=plan.env_per_command)
         router = OutputRouter(display, nproc_per_node=config.nproc_per_node)
         transport = FileTransport(evidence_dir)
@@ -81,9 +84,26 @@ def _run(config: RunConfig, display: Display, signals: StopSignals) -> "Report":
         collected.launcher_log = router.launcher_lines()
         _keep_evidence(config, evidence_dir)
         failed = any(code != 0 for code in job.exit_codes)
-        return _report(config, plan, script, collected, result, failed=failed, started=started)
+        replayed = _replay(config, plan, script, replay_dir, result, display, signals)
+        return _report(config, plan, script, collected, result, failed=failed, started=started, one=replayed)
     finally:
         shutil.rmtree(evidence_dir, ignore_errors=True)
+        if replay_dir:
+            shutil.rmtree(replay_dir, ignore_errors=True)
+
+
+def _replay(config: RunConfig, plan: launch.LaunchPlan, script: str, replay_dir: Optional[str],
+            result: MonitorResult, display: Display, signals: StopSignals) -> Optional[OneRankReplay]:
+    """--against-one-rank's replay, after a run that ended by itself; None when not asked for."""
+    if not config.against_one_rank:
+        return None
+    refused = one_rank.unsupported(config, plan.mode)
+    if refused or replay_dir is None:
+        return OneRankReplay(world_size=plan.world_size, steps_requested=config.against_one_rank, error=refused)
+    if result.stop is not None:
+        return OneRankReplay(world_size=plan.world_size, steps_requested=config.against_one_rank,
+                             error=f"the run did not end by itself ({result.stop.reason}), so it was not replayed")
+    return one_rank.replay(config, script, replay_dir, display=display, signals=signals, world_size=plan.world_size)
 
 
 def _run_in_existing_launch(config: RunConfig, existing: launch.ExistingLaunch, script: str, display: Display,
@@ -119,7 +139,8 @@ def _run_in_existing_launch(config: RunConfig, existing: launch.ExistingLaunch, 
     _keep_evidence(config, node.directory, run.collected)
     try:
         return _report(config, plan, script, run.collected, run.result,
-                       failed=bool(run.collected.failures or run.collected.missing_ranks), started=started)
+                       failed=bool(run.collected.failures or run.collected.missing_ranks), started=started,
+                       one=_replay(config, plan, script, None, run.result, display, signals))
     finally:
         ranks.finish_rank_zero(run, node)  # after the report is built: the caller renders and writes it at once
 
@@ -153,7 +174,7 @@ def _preload_analysis() -> None:
 
 
 def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: Collected, result: MonitorResult, *,
-            failed: bool, started: float) -> "Report":
+            failed: bool, started: float, one: Optional[OneRankReplay] = None) -> "Report":
     interrupted = result.stop is not None and result.stop.reason == "interrupted"
     if not any(collected.processes) and not interrupted:  # stopped during start-up: still a report, "interrupted"
         raise NoEvidence("the job produced no evidence: torchrun or the bootstrap failed to start (see output above)")
@@ -163,7 +184,7 @@ def _report(config: RunConfig, plan: launch.LaunchPlan, script: str, collected: 
         stop=result.stop,
         timeout_s=config.timeout_s,
         output_tails=collected.output_tails, missing_ranks=collected.missing_ranks, stalls=result.stalls,
-        min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log)
+        min_busbw_gbps=config.min_busbw_gbps, launcher_log=collected.launcher_log, one_rank=one)
     from ddpdoctor.analysis.evidence import Evidence, no_cyclic_gc, parse_lines  # the analysis side: rank 0 only
     from ddpdoctor.analysis.report_builder import build_report
     from ddpdoctor.analysis.runner import analyze

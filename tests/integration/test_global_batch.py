@@ -76,3 +76,58 @@ def test_every_element_weighs_the_same_in_the_good_twins(run_check, fixture):
     (check,) = [c for c in run.report["checks"] if c["id"] == "global-batch"]
     assert check["status"] == "pass", check
     assert check["summary"].startswith("every element of the global batch weighs the same at ")
+
+
+# --against-one-rank: the first K steps replayed in one process on the union of the ranks' batches.
+REPLAY = ("--against-one-rank", "3")
+
+
+def _replayed(run) -> dict:
+    """The one global-batch warning, whose consequence is the replay's difference."""
+    finding = _only_global_batch(run)
+    (consequence,) = [c for c in finding["consequences"] if c["evidence"].get("case") == "one-rank-differs"]
+    assert consequence["severity"] == "warning"
+    return consequence["evidence"] | {"message": consequence["message"]}
+
+
+@pytest.mark.parametrize("fixture", ["bad_global_batch_padded_lm.py", "bad_global_batch_accumulation.py"])
+def test_the_replay_names_the_first_step_where_n_ranks_differ_from_one(run_check, fixture):
+    replay = _replayed(run_check(fixture, *REPLAY))
+    assert (replay["step"], replay["quantity"], replay["steps_compared"]) == (1, "gradient", 3)
+    assert replay["parameter"] in {"embed.weight", "hidden.weight", "hidden.bias", "head.weight", "head.bias"}
+    # a few percent (unequal token weights) against a rounding bound of about 1e-5
+    assert replay["distance"] > 0.01 and replay["tolerance"] < 1e-3
+    assert replay["loss_ranks"] != pytest.approx(replay["loss_one"], rel=1e-5)
+    assert "from step 1" in replay["message"] and "beyond the rounding bound" in replay["message"]
+
+
+def test_the_replay_measures_the_world_size_division_as_a_factor(run_check):
+    replay = _replayed(run_check("bad_global_batch_world_size.py", *REPLAY))
+    assert (replay["step"], replay["distance"], replay["scale"]) == (1, 0.5, 0.5)
+    assert replay["loss_one"] == pytest.approx(2 * replay["loss_ranks"], rel=1e-5)
+    assert "the averaged gradient is 0.5x one process's = 1/2, the world size" in replay["message"]
+
+
+@pytest.mark.parametrize("fixture", ["good_global_batch_global_count.py", "good_ddp_tutorial.py"])
+def test_the_replay_agrees_within_rounding_on_good_twins(run_check, fixture):
+    run = run_check(fixture, *REPLAY)
+    assert run.report is not None, run.output[-3000:]
+    assert run.found() == set(), run.findings()
+    (check,) = [c for c in run.report["checks"] if c["id"] == "global-batch"]
+    assert check["status"] == "pass" and "a one-process replay of 3 steps agrees within rounding" in check["summary"]
+
+
+@pytest.mark.parametrize(("fixture", "limit"), [
+    ("good_dropout.py", "dropout `dropout` (p=0.5): each rank draws its own masks"),
+    ("good_batchnorm.py", "BatchNorm `bn1`: each rank normalizes its batch with its own statistics"),
+    ("good_global_batch_fixed_windows.py", "took no batch from a DataLoader the ranks recorded"),
+])
+def test_the_replay_says_what_limits_an_exact_comparison_instead_of_a_difference(run_check, fixture, limit):
+    run = run_check(fixture, *REPLAY)
+    assert run.report is not None, run.output[-3000:]
+    assert run.found() == {("global-batch", "info")}, run.findings()
+    assert run.returncode == 0  # an info does not fail the run
+    (finding,) = run.findings("global-batch", "info")
+    assert finding["evidence"]["case"] == "one-rank-limited"
+    assert any(limit in text for text in finding["evidence"]["limits"]), finding["evidence"]["limits"]
+    assert "cannot compare exactly" in finding["message"]

@@ -20,7 +20,7 @@ from ddpdoctor.rank.recorder import Recorder
 # "device" (CUDA/NCCL simulation on CPU) first: the probes after it wrap its stand-ins.
 PROBE_MODULES = ("device", "lifecycle", "ddp", "optimizer", "collectives", "data", "join", "spawn", "checkpoint",
                  "environment", "content", "flight_recorder", "config", "wrapping", "data_parallel", "sharding",
-                 "loss")
+                 "loss", "one_rank")
 
 NOT_INSTALLED = "torch was imported without ddpdoctor's import hook firing, so no probe was installed"
 
