@@ -55,6 +55,16 @@ weights equal on every rank weigh every element the same and stay silent; so do 
 A hand-written masked mean (`(loss * mask).sum() / mask.sum()`) is a mean over its mask's count; a
 loss weighted elementwise by anything but a 0/1 mask is not judged.
 
+With `--against-one-rank K`, ddpdoctor also replays the job's first K optimizer steps in one
+process on the global batch of each step (the ranks' batches joined, or the union of their sample
+indices collated by the loader), each step from rank 0's weights before it, and compares the losses
+and DDP's averaged gradients within the probabilistic rounding bound λ·√n·u (Higham and Mary 2019;
+u the unit roundoff of the step's lowest precision, n the global batch's largest tensor times the
+widest fan-in, λ = 6). It names the first step and parameter where N ranks differ from one process
+(a consequence of the cause above, or a warning of its own), or says, as an info, what makes an
+exact comparison impossible: dropout, BatchNorm's per-rank statistics, random draws in the step,
+data not from a DataLoader.
+
 ## Why it matters
 The job trains, but not as it would on one process: the result depends on the number of GPUs
 ("my job trains worse on 8 GPUs than on 1"). Padded sequences give ranks different token counts at

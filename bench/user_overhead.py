@@ -1,0 +1,94 @@
+"""The overhead a user sees (issue #34): the mean step over a whole run and the training loop's wall time,
+plain torchrun against `ddpdoctor check` at the default schedule and with fingerprints on every step, on
+a short job (40 steps, most of them fingerprinted by default) and a long one (200 steps), interleaved
+round after round; and each rank's CPU seconds (in the loop, and in the whole process) beside plain
+torchrun's, where the probes' work shows without the other processes' noise.
+
+    python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY]
+
+The job: the 9.5M-parameter MLP of bench/workloads/mlp_step.py with AdamW, batch 64, 2 gloo ranks
+pinned to a core each, one thread per rank. Each ratio is paired with plain torchrun in the same round,
+then the median over the rounds with its range. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+
+from common import WORKLOADS, doctor, run, table, torchrun
+
+CONFIGS = {
+    "plain torchrun": ("torchrun", ()),
+    "ddpdoctor check (default schedule)": ("doctor", ()),
+    "ddpdoctor check --fingerprint-every 1": ("doctor", ("--fingerprint-every", "1")),
+}
+_RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)")
+
+
+def measure(output: str) -> dict[int, tuple[float, float, float, float]] | None:
+    """rank -> (mean step ms, loop s, loop CPU s, process CPU s), None when a rank printed nothing."""
+    found = {int(m.group(1)): tuple(float(v) for v in m.groups()[1:]) for m in _RUN.finditer(output)}
+    return found if len(found) == 2 else None  # type: ignore[return-value]
+
+
+def _median_range(values: list[float], unit: str = "x") -> str:
+    if not values:
+        return "-"
+    middle = statistics.median(values)
+    spread = f" ({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else ""
+    return f"{middle:.3f}{unit}{spread}"
+
+
+def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) -> None:
+    configs = dict(CONFIGS)
+    if baseline_python:
+        configs["baseline install (default schedule)"] = ("baseline", ())
+    script = WORKLOADS / "mlp_step.py"
+    for n in steps:
+        args = ("--steps", str(n), "--pin", "--optimizer", "adamw", "--batch", "64")
+        results: dict[str, list[dict]] = {name: [] for name in configs}
+        crashes: dict[str, int] = {name: 0 for name in configs}
+        for _ in range(rounds):
+            for name, (launcher, options) in configs.items():
+                cmd = torchrun(script, *args) if launcher == "torchrun" else doctor(script, *options, script_args=args)
+                if launcher == "baseline":
+                    cmd = [baseline_python, *cmd[1:]]
+                measured = measure(run(cmd, cwd).output)
+                if measured is None:
+                    crashes[name] += 1
+                results[name].append(measured or {})
+        rows = []
+        for name in configs:
+            mean_ratio, loop_ratio, means, cpu, process_cpu = [], [], [], [], []
+            for plain, this in zip(results["plain torchrun"], results[name]):
+                if not plain or not this:
+                    continue
+                mean_ratio.append(this[0][0] / plain[0][0])
+                loop_ratio.append(max(v[1] for v in this.values()) / max(v[1] for v in plain.values()))
+                means.append(this[0][0])
+                cpu.extend(v[2] for v in this.values())
+                process_cpu.extend(v[3] for v in this.values())
+            rows.append([name, f"{statistics.median(means):.1f}" if means else "-", _median_range(mean_ratio),
+                         _median_range(loop_ratio), _median_range(cpu, " s"), _median_range(process_cpu, " s"),
+                         crashes[name]])
+        table(f"what a user sees, {n} steps: MLP 9x1024 (9.5M params), AdamW, batch 64, 2 gloo ranks pinned, one "
+              f"thread each; {rounds} interleaved rounds, each ratio against plain torchrun in its round "
+              "(median, range)",
+              ["configuration", "mean step ms (steps 5+)", "mean step vs plain", "loop wall vs plain",
+               "CPU s per rank, loop", "CPU s per rank, process", "crashed runs"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", default="40,200", help="comma-separated job lengths")
+    parser.add_argument("--baseline-python", help="also run the default schedule of the ddpdoctor of this Python")
+    parser.add_argument("--cwd", default=".")
+    args = parser.parse_args()
+    bench(args.cwd, args.rounds, [int(s) for s in args.steps.split(",")], args.baseline_python)
+
+
+if __name__ == "__main__":
+    main()
