@@ -23,6 +23,8 @@ CONFIGS = {
     "plain torchrun": ("torchrun", ()),
     "ddpdoctor check (default schedule)": ("doctor", ()),
     "ddpdoctor check --fingerprint-every 1": ("doctor", ("--fingerprint-every", "1")),
+    # on a machine with no GPU, --device auto simulates one per rank: the simulation's share of the cost
+    "ddpdoctor check --device native (default schedule)": ("doctor", ("--device", "native")),
 }
 _RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)")
 
