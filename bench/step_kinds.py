@@ -1,0 +1,102 @@
+"""Where a rank's extra CPU goes, per step kind (issue #34): the 9.5M-parameter MLP of the user-overhead job
+(AdamW, batch 64, one thread) trained in one process (1 gloo rank), with no probes, with every probe and
+no fingerprint (an unfingerprinted step), or with fingerprints on every step; each step timed by the
+main thread's CPU clock. Prints the median, the 10th percentile and the minimum: on a shared machine the
+median moves by 10-20% between identical runs, the minimum by a few percent.
+
+    python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--drop loss,wrapping]
+
+``--profile``: also each variant's cProfile table restricted to ddpdoctor's functions (cumulative), which
+names the probe code a step runs (its times are inflated by the profiler). ``--drop``: probe modules
+left out (ddpdoctor.rank.probes.PROBE_MODULES), to see one probe's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+VARIANTS = {"no probes": ("none", 0), "probes, no fingerprint": ("probes", 10 ** 9),
+            "probes, fingerprint every step": ("probes", 1)}
+
+
+def child(kind: str, every: int, steps: int, profile: bool, drop: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    if kind == "probes":
+        from ddpdoctor.rank import probes
+        from ddpdoctor.rank.recorder import Recorder
+        from ddpdoctor.schema.settings import RankSettings
+
+        probes.PROBE_MODULES = tuple(m for m in probes.PROBE_MODULES if m not in drop.split(","))
+        probes.install(Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=every,
+                                             device="native")))
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(9):
+        layers += [nn.Linear(1024, 1024), nn.ReLU()]
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(1024, 10)))
+    data = TensorDataset(torch.randn(steps * 64, 1024), torch.randint(0, 10, (steps * 64,)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    profiler = cProfile.Profile()
+    times = []
+    for i, (x, y) in enumerate(DataLoader(data, batch_size=64)):
+        if profile and i == 10:
+            profiler.enable()
+        start = time.thread_time()
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        times.append(time.thread_time() - start)
+    profiler.disable()
+    ordered = sorted(times[10:])
+    print(f"STEP_CPU_MS {statistics.median(ordered) * 1e3:.2f} {ordered[len(ordered) // 10] * 1e3:.2f} "
+          f"{ordered[0] * 1e3:.2f}", flush=True)
+    if profile:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats("ddpdoctor", 30)
+        print(out.getvalue(), flush=True)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--drop", default="")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop)
+        return
+    print("| round | variant | median CPU ms per step | p10 | min |\n|---|---|---|---|---|")
+    for round_number in range(1, args.rounds + 1):
+        for name, (kind, every) in VARIANTS.items():
+            cmd = [sys.executable, __file__, "--child", kind, str(every), "--steps", str(args.steps),
+                   "--drop", args.drop, *(["--profile"] if args.profile else [])]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
+            line = next((ln for ln in out.splitlines() if ln.startswith("STEP_CPU_MS")), None)
+            median, p10, low = line.split()[1:] if line else ("-", "-", "-")
+            print(f"| {round_number} | {name} | {median} | {p10} | {low} |", flush=True)
+            if args.profile:
+                print(out.split("\n", 1)[1] if line else out[-3000:])
+
+
+if __name__ == "__main__":
+    main()
