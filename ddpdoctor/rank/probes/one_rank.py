@@ -3,14 +3,16 @@
 Two roles, one per launch (``Recorder.one_rank``):
 
 - **record**, in every rank of the N-rank run, for its first K optimizer steps: each DataLoader batch
-  as yielded (and the sample indices it was drawn from), the value each backward started from, and on
-  rank 0 the DDP modules' weights and buffers at the wrap and at the first batch of every step, and the
-  averaged gradients each optimizer step sees. Kept in memory, written once (``rank{r}.pt``) after step
-  K or at exit. Nothing is sent between ranks and nothing the script computes changes.
+  as yielded (and the sample indices it was drawn from), the value each backward started from, the
+  rows each DDP training forward took, the DDP modules' BatchNorm and dropout layers, and on rank 0
+  the optimizers' parameters and DDP's buffers at the first batch of every step, and the averaged
+  gradients each optimizer step sees. Kept in memory, written once (``rank{r}.pt``) after step K or
+  at exit. Nothing is sent between ranks and nothing the script computes changes.
 - **replay**, in one process running the same script afterwards (world size 1, ``--max-steps K``):
   every loader of the recorded run yields the global batch instead of drawing its own (the ranks'
   batches joined, or the union of their indices collated, batch_union.py); at the first batch of step k
-  the DDP modules get rank 0's weights from before step k, so each step is compared from the same
+  the optimizers' parameters get rank 0's from before step k (matched through the optimizers, in the
+  order the script built them: one process may build no DDP), so each step is compared from the same
   point and floating-point drift cannot accumulate; at each optimizer step the gradients are compared
   with the N ranks' averaged ones. What makes an exact comparison impossible (dropout, a step that
   draws random numbers, BatchNorm's per-rank statistics, batches that cannot be joined) is listed as a
@@ -31,9 +33,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from ddpdoctor.rank import batch_union
+from ddpdoctor.rank.bounds import RunCut
 from ddpdoctor.rank.probes import data as data_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes.content import first_tensor
+from ddpdoctor.rank.probes.optimizer import params_of
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.settings import ONE_RANK_RESULT
@@ -48,6 +52,13 @@ def rank_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"rank{rank}.pt")
 
 
+def _merge(into: dict[str, list[str]], found: dict[str, list[str]]) -> None:
+    """Add ``found``'s names to ``into``, kind by kind, each name once."""
+    for kind, names in found.items():
+        known = into.setdefault(kind, [])
+        known.extend(n for n in names if n not in known)
+
+
 class _Common:
     """What both roles follow: DDP modules, loader passes, optimizer steps, backward roots."""
 
@@ -59,7 +70,7 @@ class _Common:
         self.loader_of: "weakref.WeakKeyDictionary[Any, tuple[str, int]]" = weakref.WeakKeyDictionary()
         self.pass_counts: dict[str, int] = collections.Counter()
         self.drawn: "weakref.WeakKeyDictionary[Any, collections.deque]" = weakref.WeakKeyDictionary()
-        self.optimizers: "weakref.WeakKeyDictionary[Any, list[int]]" = weakref.WeakKeyDictionary()  # [index, steps]
+        self.step_counts: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self.built: list[weakref.ref] = []  # optimizers in the order the script built them
         self.running: Optional[Any] = None  # the optimizer whose step runs (a nested one's is ignored)
         self.losses: dict[int, list[Optional[float]]] = {}  # step -> the values backward started from
@@ -104,7 +115,7 @@ class _Common:
         out = []
         for ref in self.built:
             optimizer = ref()
-            out.append([] if optimizer is None else [p for group in optimizer.param_groups for p in group["params"]])
+            out.append([] if optimizer is None else params_of(optimizer))
         return out
 
     def built_index(self, optimizer: Any) -> Optional[int]:
@@ -146,15 +157,12 @@ class _Common:
     def optimizer_step(self, optimizer: Any) -> Optional[str]:
         """"index:n" of a (not nested) optimizer's step within the first K (index: the order it was built in),
         else None."""
-        if self.running is not None and self.running is not optimizer:
+        if not self.active or self.running is not None and self.running is not optimizer:
             return None
-        index = self.built_index(optimizer)
-        entry = self.optimizers.get(optimizer)
-        if entry is None:
-            entry = self.optimizers[optimizer] = [-1 if index is None else index, 0]
-        entry[1] += 1
         self.running = optimizer
-        return f"{entry[0]}:{entry[1]}" if self.active and entry[0] >= 0 else None
+        index = self.built_index(optimizer)
+        count = self.step_counts[optimizer] = self.step_counts.get(optimizer, 0) + 1
+        return None if index is None else f"{index}:{count}"
 
     def backward_root(self, tensors: Any, grad_tensors: Any) -> None:
         if not self.active:
@@ -280,8 +288,7 @@ class Record(_Common):
         with self.rec.guard(PROBE, "batch"):
             step = self.first_batch_of_step()
             if step is not None:
-                for kind, names in self.module_limits().items():
-                    self.limits.setdefault(kind, []).extend(n for n in names if n not in self.limits.get(kind, []))
+                _merge(self.limits, self.module_limits())
             if step is not None and self.lead:
                 self.states[f"step{step}"] = {
                     "params": [[p.detach().clone() for p in params] for params in self.optimizer_params()],
@@ -297,7 +304,7 @@ class Record(_Common):
     def before_step(self, optimizer: Any, key: str) -> None:
         if not self.lead:
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = params_of(optimizer)
         # DDP's parameters only: their gradients are the averaged ones one process should match
         self.grads[key] = {"names": [ddp_probe.PARAM_NAMES.get(id(p), f"parameter {i}") for i, p in enumerate(params)],
                            "grads": [None if p.grad is None or id(p) not in ddp_probe.PARAM_NAMES
@@ -355,8 +362,7 @@ class Replay(_Common):
         self.result["world_size"] = len(records)
         merged: dict[str, list[str]] = {}
         for record in records:
-            for kind, names in (record.get("limits") or {}).items():
-                merged.setdefault(kind, []).extend(n for n in names if n not in merged.get(kind, []))
+            _merge(merged, record.get("limits") or {})
         self.note_limits(merged)
 
     def note_limits(self, found: dict[str, list[str]]) -> None:
@@ -381,8 +387,7 @@ class Replay(_Common):
         their indices collated); StopIteration where every rank's pass ended here."""
         key, number = self.loader_of[iterator]
         position = self.positions.get(iterator, 0)
-        passes = [(r["batches"].get(key) or [])[number:number + 1] for r in self.records]
-        batches_of = [p[0] if p else [] for p in passes]
+        batches_of = [_batches_of_pass(r, key, number) for r in self.records]
         if any(position >= len(b) for b in batches_of):
             ended = [(r["complete"].get(key) or [])[number:number + 1] == [True] for r in self.records]
             if all(ended) and all(position == len(b) for b in batches_of):
@@ -477,7 +482,7 @@ class Replay(_Common):
         if self.rng is not None and _rng_state() != self.rng:
             self.limit(f"step {self.rng_step} draws random numbers between its batch and its optimizer step "
                        "(dropout, noise, random masks): one process draws others than the ranks did", "random")
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = params_of(optimizer)
         names, grads = reference["names"], reference["grads"]
         if len(params) != len(grads):
             self.limit("the optimizers hold other parameters in one process than on the ranks", "optimizers")
@@ -496,13 +501,11 @@ class Replay(_Common):
             self.limit(f"step {step} has no gradient that both the ranks and one process computed", "no-gradient")
             return
         values = torch.stack(scalars).cpu().tolist()  # one host transfer per step
-        params = [row + [float(v) for v in value] for row, value in zip(rows, values)]
-        number = self.rec.num_steps + 1
-        theirs_loss = [r["losses"].get(number) for r in self.records]
-        mine_loss = self.losses.get(number)
+        rows_of = [row + [float(v) for v in value] for row, value in zip(rows, values)]
         self.result["steps"].append({
             "optimizer": int(key.split(":")[0]), "step": step,
-            "loss_ranks": _mean_of_sums(theirs_loss), "loss_one": _sum(mine_loss), "params": params})
+            "loss_ranks": _mean_of_sums([r["losses"].get(step) for r in self.records]),
+            "loss_one": _sum(self.losses.get(step)), "params": rows_of})
 
     def done(self) -> None:
         if self.written:
@@ -525,8 +528,6 @@ class Replay(_Common):
                 try:
                     batch = self.global_batch(iterator)
                 except _Stop:
-                    from ddpdoctor.rank.bounds import RunCut
-
                     self.done()
                     raise RunCut("max-steps", rec.num_steps) from None
                 step = self.first_batch_of_step()
@@ -564,6 +565,12 @@ class Replay(_Common):
             finish()
 
         return finish_all
+
+
+def _batches_of_pass(record: dict[str, Any], key: str, number: int) -> list[dict[str, Any]]:
+    """The batches a rank recorded in pass ``number`` of loader ``key`` (none where it made no such pass)."""
+    passes = record["batches"].get(key) or []
+    return passes[number] if number < len(passes) else []
 
 
 def _rng_state() -> tuple:

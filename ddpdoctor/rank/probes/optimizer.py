@@ -85,7 +85,8 @@ class _OptimizerState:
         return out
 
 
-def _params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+def params_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters, group after group."""
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
@@ -131,7 +132,7 @@ def install(rec: Recorder) -> Callable[[], None]:
                 _capture_config(state, optimizer)
         state.written = None
         if state.sampled and not state.closure:
-            params = _params_of(optimizer)
+            params = params_of(optimizer)
             state.pending_grads = fingerprints.start([p.grad for p in params])
             with rec.guard(PROBE, "reduced gradients"):
                 state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
@@ -157,7 +158,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.pending_grads = state.reduced = state.scale = state.config = state.written = None
         next_sampled = should_fingerprint(state.num_steps + 1, rec.fingerprint_every)
         if next_sampled:  # what writes the parameters before the next step shows in their version counters
-            state.versions = [p._version for p in _params_of(optimizer)]
+            state.versions = [p._version for p in params_of(optimizer)]
         with rec.guard(PROBE, "reduced gradients"):
             wrapping.stepped(sorted(state.owned_ddp), next_sampled)
         if state.index == 0:  # the first optimizer's steps delimit the windows whose losses are weighed
@@ -208,7 +209,7 @@ def _new_state(rec: Recorder, index: int, optimizer: torch.optim.Optimizer) -> _
 
 
 def _describe(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, *, site: list) -> None:
-    params = _params_of(optimizer)
+    params = params_of(optimizer)
     names = [ddp_probe.PARAM_NAMES.get(id(p)) for p in params]
     ddp_of = [ddp_probe.PARAM_DDP.get(id(p)) for p in params]
     in_ddp = [n is not None for n in names]
@@ -285,7 +286,7 @@ def _capture_config(state: _OptimizerState, optimizer: torch.optim.Optimizer) ->
 
 def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, step: Step) -> None:
     """Fill a sampled step's fingerprints (one host copy for everything) and its config digest."""
-    params = _params_of(optimizer)
+    params = params_of(optimizer)
     grads = state.pending_grads
     if state.closure:
         grads = fingerprints.start([p.grad for p in params])
