@@ -5,9 +5,11 @@
    the word sums used now (big tensors a kernel each, small ones together), word sums over
    chunked concatenations, and one read of those bytes at the measured copy bandwidth;
 2. step overhead: the GPT-style job (bench/gpt_step.py) plain under torchrun, under
-   `ddpdoctor check` (default schedule) and with --fingerprint-every 1, interleaved, 1 NCCL rank.
+   `ddpdoctor check` (default schedule) and with --fingerprint-every 1, interleaved, 1 NCCL rank:
+   the mean step of a loop that never waits for the GPU; ``--before-site DIR`` adds an earlier
+   ddpdoctor installed in DIR, side by side.
 
-    python bench/gpu.py [--rounds 2] [--steps 60] [--out results.json]
+    python bench/gpu.py [--rounds 2] [--steps 60] [--out results.json] [--before-site DIR] [--steps-only]
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -119,35 +123,44 @@ def bench_fingerprint(dtype: torch.dtype = torch.float32) -> dict:
     return result
 
 
-def _step_times(output: str) -> list[float]:
+def _step_result(output: str) -> dict:
     for line in output.splitlines():
         if "STEP_TIMES_MS " in line:
-            return json.loads(line.split("STEP_TIMES_MS ", 1)[1])["times"]
+            return json.loads(line.split("STEP_TIMES_MS ", 1)[1])
     raise RuntimeError(output[-3000:])
 
 
-def bench_steps(rounds: int, steps: int) -> dict:
+def bench_steps(rounds: int, steps: int, before_site: Optional[str] = None) -> dict:
+    """The mean step of the GPT job (a whole loop that never waits for the GPU, as a user's), plain
+    torchrun against ddpdoctor at the default schedule and fingerprinting every step, interleaved
+    round by round; with ``before_site``, also an earlier ddpdoctor installed there (side by side)."""
     script = str(ROOT / "bench" / "gpt_step.py")
-    variants = {
-        "plain torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                           script],
-        "ddpdoctor check (default schedule)": [sys.executable, "-m", "ddpdoctor", "check", script, "-n", "1", "--plain",
-                                               "--"],
-        "ddpdoctor check --fingerprint-every 1": [sys.executable, "-m", "ddpdoctor", "check", script, "-n", "1",
-                                                  "--plain", "--fingerprint-every", "1", "--"],
-    }
-    medians: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, command in variants.items():
-            proc = subprocess.run([*command, "--steps", str(steps)], capture_output=True, text=True,
-                                  env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=600)
-            medians[name].append(statistics.median(_step_times(proc.stdout + proc.stderr)))
-    plain = statistics.median(medians["plain torchrun"])
-    rows = [[name, f"{statistics.median(v):.2f}", f"{statistics.median(v) / plain:.3f}"] for name, v in medians.items()]
-    table(f"GPT-style step, 1 NCCL rank, bf16 autocast, fused AdamW, {torch.cuda.get_device_name()} "
-          f"(median step of {steps} minus warm-up, median of {rounds} interleaved rounds)",
-          ["launch", "step ms", "ratio to plain"], rows)
-    return {name: v for name, v in medians.items()}
+    plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", script]
+    check = [sys.executable, "-m", "ddpdoctor", "check", script, "-n", "1", "--plain"]
+    builds = {"now": None, **({"before": before_site} if before_site else {})}
+    variants: dict[str, tuple[list[str], Optional[str]]] = {"plain torchrun": (plain, None)}
+    for build, site in builds.items():
+        variants[f"ddpdoctor check, default schedule ({build})"] = ([*check, "--"], site)
+        every = [*check, "--fingerprint-every", "1", "--"]
+        variants[f"ddpdoctor check --fingerprint-every 1 ({build})"] = (every, site)
+    means: dict[str, list[float]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory() as cwd:  # not the checkout: `-m ddpdoctor` must import the build asked for
+        for _ in range(rounds):
+            for name, (command, site) in variants.items():
+                env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+                if site:
+                    env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+                proc = subprocess.run([*command, "--steps", str(steps)], capture_output=True, text=True, env=env,
+                                      cwd=cwd, timeout=600)
+                means[name].append(_step_result(proc.stdout + proc.stderr)["mean_ms"])
+                print(f"{name}: {means[name][-1]:.2f} ms", flush=True)
+    base = statistics.median(means["plain torchrun"])
+    rows = [[name, *[f"{v:.2f}" for v in values], f"{statistics.median(values):.2f}",
+             f"{statistics.median(values) / base:.3f}"] for name, values in means.items()]
+    table(f"GPT-style job, 1 NCCL rank, bf16 autocast, fused AdamW, {torch.cuda.get_device_name()}: the mean step "
+          f"of steps 11-{steps} (the loop never waits for the GPU), {rounds} interleaved rounds",
+          ["launch", *[f"round {i + 1} ms" for i in range(rounds)], "median ms", "ratio to plain"], rows)
+    return means
 
 
 def main() -> None:
@@ -155,12 +168,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--before-site", default=None,
+                        help="an earlier ddpdoctor installed in this folder (pip install --target), run side by side")
+    parser.add_argument("--steps-only", action="store_true", help="skip the fingerprint kernels' table")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmarks need one")
         return
-    results = {"fingerprint": bench_fingerprint(torch.float32), "fingerprint_bf16": bench_fingerprint(torch.bfloat16),
-               "steps": bench_steps(args.rounds, args.steps)}
+    results: dict = {}
+    if not args.steps_only:
+        results.update(fingerprint=bench_fingerprint(torch.float32), fingerprint_bf16=bench_fingerprint(torch.bfloat16))
+    results["steps"] = bench_steps(args.rounds, args.steps, args.before_site)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

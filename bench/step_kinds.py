@@ -4,10 +4,17 @@ no fingerprint (an unfingerprinted step), or with fingerprints on every step; ea
 main thread's CPU clock. Prints the median, the 10th percentile and the minimum: on a shared machine the
 median moves by 10-20% between identical runs, the minimum by a few percent.
 
-    python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--drop loss,wrapping]
+    python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--drop loss,wrapping] [--model gpt]
+
+``--model gpt``: instead, the GPT-style decoder of bench/gpt_step.py (149 tensors) at a tiny width, so
+that its arithmetic is cheap and a step's CPU is mostly Python and dispatch: what a GPU's host runs.
+``--model gpt-cuda``: that decoder at full size (135M) on the GPU (NCCL, bf16 autocast, fused AdamW,
+batch 16 x 512): the host's CPU per step, and the loop's mean wall step (the loop never waits for
+the GPU; a host that waits for it, in a copy or a full launch queue, spends that wait as CPU too).
 
 ``--profile``: also each variant's cProfile table restricted to ddpdoctor's functions (cumulative), which
-names the probe code a step runs (its times are inflated by the profiler). ``--drop``: probe modules
+names the probe code a step runs (its times are inflated by the profiler); with STEP_KINDS_SORT=tottime,
+every function by its own time (torch's calls too, where a wait for the device shows). ``--drop``: probe modules
 left out (ddpdoctor.rank.probes.PROBE_MODULES), to see one probe's share.
 """
 
@@ -28,7 +35,7 @@ VARIANTS = {"no probes": ("none", 0), "probes, no fingerprint": ("probes", 10 **
             "probes, fingerprint every step": ("probes", 1)}
 
 
-def child(kind: str, every: int, steps: int, profile: bool, drop: str) -> None:
+def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
     import torch
@@ -37,6 +44,9 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
+    cuda = model_kind == "gpt-cuda"
+    if cuda:
+        torch.cuda.set_device(0)
     if kind == "probes":
         from ddpdoctor.rank import probes
         from ddpdoctor.rank.recorder import Recorder
@@ -45,31 +55,56 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str) -> None:
         probes.PROBE_MODULES = tuple(m for m in probes.PROBE_MODULES if m not in drop.split(","))
         probes.install(Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=every,
                                              device="native")))
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(9):
-        layers += [nn.Linear(1024, 1024), nn.ReLU()]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(1024, 10)))
-    data = TensorDataset(torch.randn(steps * 64, 1024), torch.randint(0, 10, (steps * 64,)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if model_kind.startswith("gpt"):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpt_step import GPT
+
+        width, depth, heads, context, vocab, batch = (768, 12, 12, 512, 32000, 16) if cuda else (64, 12, 4, 32, 512, 8)
+        net: nn.Module = GPT(vocab=vocab, width=width, depth=depth, heads=heads, context=context)
+        tokens = torch.randint(0, vocab, (steps * batch, context + 1))
+        data = TensorDataset(tokens[:, :-1], tokens[:, 1:])
+    else:
+        layers: list[nn.Module] = []
+        for _ in range(9):
+            layers += [nn.Linear(1024, 1024), nn.ReLU()]
+        net = nn.Sequential(*layers, nn.Linear(1024, 10))
+        data = TensorDataset(torch.randn(steps * 64, 1024), torch.randint(0, 10, (steps * 64,)))
+        batch = 64
+    model = nn.parallel.DistributedDataParallel(net.cuda() if cuda else net)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
     profiler = cProfile.Profile()
     times = []
-    for i, (x, y) in enumerate(DataLoader(data, batch_size=64)):
-        if profile and i == 10:
-            profiler.enable()
+    window = 0.0
+    for i, (x, y) in enumerate(DataLoader(data, batch_size=batch, pin_memory=cuda)):
+        if i == 10:
+            if cuda:
+                torch.cuda.synchronize()
+            window = time.perf_counter()
+            if profile:
+                profiler.enable()
         start = time.thread_time()
+        if cuda:
+            x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
         optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        with torch.autocast("cuda" if cuda else "cpu", dtype=torch.bfloat16, enabled=cuda):
+            logits = model(x)
+        nn.functional.cross_entropy(logits.float().flatten(0, -2), y.flatten()).backward()
         optimizer.step()
         times.append(time.thread_time() - start)
+    if cuda:
+        torch.cuda.synchronize()
+    print(f"LOOP_MEAN_MS {(time.perf_counter() - window) * 1e3 / max(1, len(times) - 10):.2f}", flush=True)
     profiler.disable()
     ordered = sorted(times[10:])
     print(f"STEP_CPU_MS {statistics.median(ordered) * 1e3:.2f} {ordered[len(ordered) // 10] * 1e3:.2f} "
           f"{ordered[0] * 1e3:.2f}", flush=True)
     if profile:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats("ddpdoctor", 30)
+        own_time = os.environ.get("STEP_KINDS_SORT") == "tottime"  # every function by its own time, torch's too
+        stats = pstats.Stats(profiler, stream=out).sort_stats("tottime" if own_time else "cumulative")
+        stats.print_stats(*([] if own_time else ["ddpdoctor"]), 30)
         print(out.getvalue(), flush=True)
     dist.destroy_process_group()
 
@@ -80,20 +115,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--drop", default="")
+    parser.add_argument("--model", choices=("mlp", "gpt", "gpt-cuda"), default="mlp")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop)
+        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop, args.model)
         return
-    print("| round | variant | median CPU ms per step | p10 | min |\n|---|---|---|---|---|")
+    print("| round | variant | median CPU ms per step | p10 | min | loop's mean wall ms per step |\n"
+          "|---|---|---|---|---|---|")
     for round_number in range(1, args.rounds + 1):
         for name, (kind, every) in VARIANTS.items():
             cmd = [sys.executable, __file__, "--child", kind, str(every), "--steps", str(args.steps),
-                   "--drop", args.drop, *(["--profile"] if args.profile else [])]
+                   "--drop", args.drop, "--model", args.model, *(["--profile"] if args.profile else [])]
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
             line = next((ln for ln in out.splitlines() if ln.startswith("STEP_CPU_MS")), None)
             median, p10, low = line.split()[1:] if line else ("-", "-", "-")
-            print(f"| {round_number} | {name} | {median} | {p10} | {low} |", flush=True)
+            mean = next((ln.split()[1] for ln in out.splitlines() if ln.startswith("LOOP_MEAN_MS")), "-")
+            print(f"| {round_number} | {name} | {median} | {p10} | {low} | {mean} |", flush=True)
             if args.profile:
                 print(out.split("\n", 1)[1] if line else out[-3000:])
 

@@ -45,6 +45,7 @@ class Session:
         self.finish_probes = probes.install(rec)
 
     def record_exception(self, exc: BaseException) -> None:
+        self.rec.host_copies.flush()  # the steps before the failure, in order before it
         headline = (str(exc).strip().splitlines() or [""])[0]
         self.rec.exit_info = {"code": 1, "exception": f"{type(exc).__name__}: {headline}"[:160].rstrip(": ")}
         frames = callsite.traceback_user_frames(exc.__traceback__, limit=12)
@@ -54,6 +55,7 @@ class Session:
             location={"file": user[-1]["file"], "line": user[-1]["line"]} if user else None, epoch=self.rec.epoch))
 
     def close(self, *, exit_code: Optional[int]) -> None:
+        self.rec.host_copies.flush()  # the last steps' fingerprints, still on their way from the device
         try:
             self.finish_probes()
         except Exception as exc:
@@ -81,6 +83,7 @@ def run_recorded(target: Callable[[], Any]) -> Any:
     try:
         result = target()
     except bounds.RunCut as cut:  # --max-steps / --max-epochs: a clean end, on purpose
+        session.rec.host_copies.flush()
         session.rec.emit(RunCutEvent(reason=cut.reason, at=cut.at))
         session.rec.exit_info = {"code": 0, "cut": cut.reason}
         session.close(exit_code=0)

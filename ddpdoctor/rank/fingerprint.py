@@ -67,6 +67,7 @@ class Pending:
         self.size = size
         self.parts = parts  # (positions, 1-d int64 tensor on a device: one sum per position)
         self.fixed = fixed  # position -> value known on the host already (None, empty or meta tensors)
+        self.sample: Optional[Pending] = None  # the sampled fingerprints too, when asked (start(also_sampled=True))
 
     def values(self) -> list[Fingerprint]:
         return resolve(self)[0]
@@ -135,6 +136,8 @@ def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
     concatenated, a running sum, its value at each tensor's end, the differences (exact: wrapping
     int64 addition). The end positions stay cached on the device: the same tensors come every step,
     and copying them there anew would wait for the device."""
+    if words[0].device.type == "cpu":  # no launches to save on a CPU, and the copy and the running sum cost
+        return torch.stack([w.sum() for w in words])
     flat = torch.cat(words)
     key = (flat.device, tuple(w.numel() for w in words))
     ends = _ENDS.get(key)
@@ -147,61 +150,96 @@ def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False) -> Pending:
+def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, also_sampled: bool = False) -> Pending:
     """Launch the fingerprint kernels of ``tensors`` without waiting for them; ``sampled``: the
     sampled fingerprint of big tensors (see the module's docstring), comparable only with another
-    sampled one."""
+    sampled one; ``also_sampled``: the full ones, and the sampled ones in ``.sample``, from one
+    pass over the tensors (small tensors are summed once for both)."""
     own: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # a kernel each
+    own_sampled: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)
     small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
     fixed: dict[int, list] = {}
     for i, given in enumerate(tensors):
-        t = readable(given) if given is not None else None
+        t = given if type(given) in _PLAIN else readable(given) if given is not None else None
         if t is None:
             fixed[i] = None
-        elif t.numel() == 0 or t.is_meta:
+            continue
+        if t.is_meta or not t.numel():
             fixed[i] = [0]
+            continue
+        t = t.detach()
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        words = _aligned_words(t)
+        if words is None:
+            total = _unaligned_word_sum(t)
+            own[t.device].append((i, total))
+            own_sampled[t.device].append((i, total))
+        elif words.numel() < _SMALL_WORDS:
+            small[t.device].append((i, words))
+        elif also_sampled:
+            own[t.device].append((i, words.sum()))
+            own_sampled[t.device].append((i, _sampled_word_sum(words)))
         else:
-            t = t.detach()
-            if t.is_complex():
-                t = torch.view_as_real(t)
-            words = _aligned_words(t)
-            if words is not None and words.numel() < _SMALL_WORDS:
-                small[t.device].append((i, words))
-            elif words is not None:
-                own[t.device].append((i, _sampled_word_sum(words) if sampled else words.sum()))
-            else:
-                own[t.device].append((i, _unaligned_word_sum(t)))
+            own[t.device].append((i, _sampled_word_sum(words) if sampled else words.sum()))
+    small_sums = {device: _small_sums([w for _, w in entries]) for device, entries in small.items()}
+    pending = Pending(len(tensors), _parts(own, small, small_sums), fixed)
+    if also_sampled:
+        pending.sample = Pending(len(tensors), _parts(own_sampled, small, small_sums), fixed)
+    return pending
+
+
+def _parts(own: dict[torch.device, list[tuple[int, torch.Tensor]]],
+           small: dict[torch.device, list[tuple[int, torch.Tensor]]],
+           small_sums: dict[torch.device, torch.Tensor]) -> list[tuple[list[int], torch.Tensor]]:
+    """Per device: the positions and one tensor of their sums (big tensors', then the small ones')."""
     parts = []
     for device in {*own, *small}:
         positions = [i for i, _ in own[device]] + [i for i, _ in small[device]]
         sums = [torch.stack([s for _, s in own[device]])] if own[device] else []
         if small[device]:
-            sums.append(_small_sums([w for _, w in small[device]]))
+            sums.append(small_sums[device])
         parts.append((positions, sums[0] if len(sums) == 1 else torch.cat(sums)))
-    return Pending(len(tensors), parts, fixed)
+    return parts
 
 
-def resolve(*pending: Pending) -> list[list[Fingerprint]]:
-    """The values of several pending fingerprints, with one host copy per device involved."""
-    by_device: dict[torch.device, list[tuple[int, list[int], torch.Tensor]]] = defaultdict(list)
-    for k, p in enumerate(pending):
-        for positions, values in p.parts:
-            by_device[values.device].append((k, positions, values))
+def gather(*pending: Pending) -> list[torch.Tensor]:
+    """The device tensors holding several pending fingerprints: one per device involved, whose host
+    copies :func:`assign` turns into values (a copy that can wait: rank/host_copies.py)."""
+    by_device: dict[torch.device, list[torch.Tensor]] = defaultdict(list)
+    for p in pending:
+        for _, values in p.parts:
+            by_device[values.device].append(values)
+    return [tensors[0] if len(tensors) == 1 else torch.cat(tensors) for tensors in by_device.values()]
+
+
+def assign(pending: Sequence[Pending], host: list[list]) -> list[list[Fingerprint]]:
+    """The values of ``pending`` from the host copies of what :func:`gather` returned for them."""
     out: list[list[Fingerprint]] = []
     for p in pending:
         row: list[Fingerprint] = [None] * p.size
         for i, value in p.fixed.items():
             row[i] = value
         out.append(row)
-    for items in by_device.values():
-        tensors = [values for _, _, values in items]
-        host = (tensors[0] if len(tensors) == 1 else torch.cat(tensors)).tolist()  # the one copy (and sync)
-        offset = 0
-        for k, positions, _ in items:
+    devices: list[torch.device] = []
+    for p in pending:  # the order gather() met the devices in
+        for _, values in p.parts:
+            if values.device not in devices:
+                devices.append(values.device)
+    offsets = dict.fromkeys(devices, 0)
+    for k, p in enumerate(pending):
+        for positions, values in p.parts:
+            words = host[devices.index(values.device)]
+            offset = offsets[values.device]
             for j, position in enumerate(positions):
-                out[k][position] = [host[offset + j]]
-            offset += len(positions)
+                out[k][position] = [words[offset + j]]
+            offsets[values.device] = offset + len(positions)
     return out
+
+
+def resolve(*pending: Pending) -> list[list[Fingerprint]]:
+    """The values of several pending fingerprints now, with one host copy (and wait) per device."""
+    return assign(pending, [t.tolist() for t in gather(*pending)])
 
 
 def fingerprint(tensors: Sequence[Optional[torch.Tensor]]) -> list[Fingerprint]:

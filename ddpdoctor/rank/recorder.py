@@ -16,6 +16,7 @@ import time
 from typing import Callable, Iterator, Optional
 
 from ddpdoctor.rank.clock import CollectiveClock
+from ddpdoctor.rank.host_copies import HostCopies
 from ddpdoctor.schema import layout
 from ddpdoctor.schema.events import DDP_PHASE_WORDS, Event, ProbeError
 from ddpdoctor.schema.observations import Heartbeat
@@ -76,6 +77,8 @@ class Recorder:
         self.timing = StepTiming()
         self.on_dump: list[Callable[[], None]] = []  # run by the watchdog when a stack dump is requested
         self._failed_probes: set[tuple[str, Optional[str], str]] = set()
+        # Device values on their way to the host (a sampled step's fingerprints): see host_copies.py.
+        self.host_copies = HostCopies(on_error=lambda exc: self.probe_failed("host copies", exc))
         self._lock = threading.Lock()
         self._owner = threading.get_ident()
         os.makedirs(self.evidence_dir, exist_ok=True)
@@ -88,15 +91,35 @@ class Recorder:
 
     def emit(self, event: Event) -> None:
         """Append one event, stamped with time, rank, step and collective sequence."""
+        self._write(self.stamp(event))
+
+    def stamp(self, event: Event, like: Optional[Event] = None) -> Event:
+        """Stamp ``event`` with the time, rank, step and collective sequence of now (or those of
+        ``like``): an event whose content arrives later (:meth:`emit_stamped`) keeps the moment it
+        describes."""
+        if like is not None:
+            event.t, event.rank, event.step, event.seq = like.t, like.rank, like.step, like.seq
+            return event
         if threading.get_ident() == self._owner:  # the clock is read and booked by the main thread only
             self.clock.sync()
         event.t = time.time()
-        self._write(event)
-
-    def _write(self, event: Event) -> None:
         event.rank = self.rank
         event.step = self.num_steps
         event.seq = self.clock.units
+        return event
+
+    def emit_stamped(self, event: Event) -> None:
+        """Append an event stamped earlier (:meth:`stamp`)."""
+        self._append(event)
+
+    def _write(self, event: Event) -> None:
+        """Append an event of now (the collective clock's own are stamped here)."""
+        event.rank = self.rank
+        event.step = self.num_steps
+        event.seq = self.clock.units
+        self._append(event)
+
+    def _append(self, event: Event) -> None:
         line = json.dumps(event.to_json(), separators=(",", ":"), default=str)
         with self._lock:
             self.progress += 1

@@ -244,9 +244,9 @@ def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.T
     window.grads.setdefault(window.backwards, {})[(ddp, position)] = sample
 
 
-def _grad_samples(window: _Window) -> tuple[list, list]:
-    """(layout [[ddp, position, coordinates]...], per backward in order the samples in that layout):
-    empty when the backwards did not all reach the same parameters."""
+def _grad_samples(window: _Window) -> tuple[list, list[torch.Tensor]]:
+    """(layout [[ddp, position, coordinates]...], per backward in order its samples in that layout
+    as one tensor): empty when the backwards did not all reach the same parameters."""
     if not window.grads:
         return [], []
     keys = sorted(next(iter(window.grads.values())))
@@ -254,11 +254,14 @@ def _grad_samples(window: _Window) -> tuple[list, list]:
         return [], []
     layout = [[ddp, position, int(window.grads[min(window.grads)][(ddp, position)].numel())]
               for ddp, position in keys]
-    samples = []
-    for backward in sorted(window.grads):
-        per = window.grads[backward]
-        samples.append(torch.cat([per[key].to("cpu") for key in keys]).tolist())
-    return layout, samples
+    return layout, [_joined([window.grads[backward][key] for key in keys]) for backward in sorted(window.grads)]
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """1-d float64 tensors joined on their device (on the host when they are on several)."""
+    if len({t.device for t in parts}) > 1:
+        parts = [t.to("cpu") for t in parts]
+    return torch.cat([t.reshape(-1).to(torch.float64) for t in parts])
 
 
 @functools.lru_cache(maxsize=64)
@@ -298,16 +301,23 @@ def close_window(rec: Recorder, step: int, next_sampled: bool) -> None:
     if not window.sampled or not (window.calls or window.means):
         return
     counts = [c.count for c in window.calls if c.count is not None]
-    values = iter(torch.stack([t.to("cpu", torch.float64) for t in counts]).tolist() if counts else [])
-    calls = []
-    for call in window.calls:
-        count = int(next(values)) if call.count is not None else None
-        calls.append({"fn": call.fn, "reduction": call.reduction, "count": count, "numel": call.numel,
-                      "factor": call.factor, "elementwise": call.elementwise, "site": call.site})
     layout, samples = _grad_samples(window)
-    rec.emit(LossWindow(step=step, backwards=window.backwards, calls=calls, means=window.means,
-                        scaled=window.scaled, backward_at=window.backward_at, scaling_at=_scaling_at(window),
-                        grad_layout=layout, grad_samples=samples))
+    event = rec.stamp(LossWindow(step=step, backwards=window.backwards, calls=[], means=window.means,
+                                 scaled=window.scaled, backward_at=window.backward_at,
+                                 scaling_at=_scaling_at(window), grad_layout=layout, grad_samples=[]))
+
+    def arrived(host: Optional[list[list]]) -> None:  # the counts and samples, read behind the device
+        if host is None:  # never came (the rank ended with its device stuck): the window is not weighed
+            return
+        values = iter(host[0] if counts else [])
+        for call in window.calls:
+            count = int(next(values)) if call.count is not None else None
+            event.calls.append({"fn": call.fn, "reduction": call.reduction, "count": count, "numel": call.numel,
+                                "factor": call.factor, "elementwise": call.elementwise, "site": call.site})
+        event.grad_samples = host[1:] if counts else host
+        rec.emit_stamped(event)
+
+    rec.host_copies.later([*([_joined(counts)] if counts else []), *samples], arrived)
 
 
 def install(rec: Recorder) -> Callable[[], None]:

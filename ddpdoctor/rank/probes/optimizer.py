@@ -116,6 +116,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         if is_nested(optimizer):
             return
         outer[:] = [optimizer]
+        rec.host_copies.poll()  # the previous steps' fingerprints, if the device has delivered them
         state = states.get(optimizer)
         if state is None:
             state = states[optimizer] = _new_state(rec, len(states), optimizer)
@@ -133,9 +134,13 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.written = None
         if state.sampled and not state.closure:
             params = params_of(optimizer)
-            state.pending_grads = fingerprints.start([p.grad for p in params])
             with rec.guard(PROBE, "reduced gradients"):
                 state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
+            # One pass over the gradients: their full fingerprints and, to compare with the snapshot
+            # DDP's all-reduce left, the same sample of them.
+            state.pending_grads = fingerprints.start([p.grad for p in params], also_sampled=state.reduced is not None)
+            if state.reduced is not None:
+                state.reduced.before_step = state.pending_grads.sample
             with rec.guard(PROBE, "written parameters"):
                 state.written = _written_since_last_step(state, params)
         state.versions = None
@@ -151,10 +156,13 @@ def install(rec: Recorder) -> Callable[[], None]:
         step = Step(opt=state.index, n=state.num_steps, forwards=state.forwards_since_last_step(),
                     closure=state.closure, timing=rec.timing.encode(time.time()))
         rec.timing = StepTiming()
+        rec.stamp(step)
+        fingerprinted = False
         if state.sampled:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
-                _fingerprint_step(rec, state, optimizer, step)
-        rec.emit(step)
+                fingerprinted = _fingerprint_step(rec, state, optimizer, step)
+        if not fingerprinted:  # in order behind the steps whose fingerprints are on their way
+            rec.host_copies.later([], lambda _: rec.emit_stamped(step))
         state.pending_grads = state.reduced = state.scale = state.config = state.written = None
         next_sampled = should_fingerprint(state.num_steps + 1, rec.fingerprint_every)
         if next_sampled:  # what writes the parameters before the next step shows in their version counters
@@ -177,6 +185,7 @@ def install(rec: Recorder) -> Callable[[], None]:
         bounds.after_step(rec)  # --max-steps: raises RunCut into the script at this step boundary
 
     handles = [register_optimizer_step_pre_hook(pre_hook), register_optimizer_step_post_hook(post_hook)]
+    rec.on_dump.append(lambda: rec.host_copies.flush(wait_s=1.0))  # a hang: the steps before it, in the evidence
 
     def wrap_load_state_dict(original):
         def load_state_dict(self, state_dict):
@@ -284,46 +293,70 @@ def _capture_config(state: _OptimizerState, optimizer: torch.optim.Optimizer) ->
     state.config = config_probe.capture(optimizer, sorted(state.owned_ddp), None)
 
 
-def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, step: Step) -> None:
-    """Fill a sampled step's fingerprints (one host copy for everything) and its config digest."""
+def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, step: Step) -> bool:
+    """Launch a sampled step's fingerprints; once their values reach the host (one copy for
+    everything, behind the device: rank/host_copies.py), fill them and the config digest into
+    ``step`` and write it. False when nothing was launched (the caller writes the step)."""
     params = params_of(optimizer)
     grads = state.pending_grads
     if state.closure:
         grads = fingerprints.start([p.grad for p in params])
     if grads is None:
-        return
-    reduced = state.reduced  # taken only for a step without a closure
+        return False
+    reduced, scale, written, config = state.reduced, state.scale, state.written, state.config
+    if reduced is not None and reduced.before_step is None:
+        reduced = None
     extra = [*([reduced.before_step, *reduced.pendings] if reduced is not None else []),
-             *([state.scale] if state.scale is not None else []),
-             *([state.written] if state.written is not None else [])]
-    resolved = fingerprints.resolve(grads, fingerprints.start(params), *extra)
+             *([scale] if scale is not None else []), *([written] if written is not None else [])]
+    pending = [grads, fingerprints.start(params), *extra]
+
+    def arrived(host: Optional[list[list]]) -> None:
+        try:
+            if host is not None:
+                _fill_step(rec, state, optimizer, step, fingerprints.assign(pending, host),
+                           reduced=reduced, scale=scale, written=written, config=config)
+        except Exception as exc:
+            rec.probe_failed(PROBE, exc, target="fingerprint")
+        rec.emit_stamped(step)
+
+    rec.host_copies.later(fingerprints.gather(*pending), arrived)
+    return True
+
+
+def _fill_step(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, step: Step,
+               resolved: list[list], *, reduced: Optional[wrapping.Reduced], scale: Optional[fingerprints.Pending],
+               written: Optional[fingerprints.Pending], config: Optional[tuple]) -> None:
+    """A sampled step's fingerprints and config digest, from their host values (``resolved``: the
+    gradients, the parameters, then the extras in the order _fingerprint_step launched them)."""
     grad_values, param_values = resolved.pop(0), resolved.pop(0)
-    if state.written is not None:
+    if written is not None:
         step.written = encode_fingerprints(resolved.pop())
-    scale_value = _float_of_bits(resolved.pop()[0][0]) if state.scale is not None else None
+    scale_value = _float_of_bits(resolved.pop()[0][0]) if scale is not None else None
     if reduced is not None:
         sampled_values = resolved.pop(0)
         step.touched, as_reduced = reduced.compare(resolved, sampled_values)
         step.reduced = encode_fingerprints(as_reduced)
     step.grads, step.params = encode_fingerprints(grad_values), encode_fingerprints(param_values)
     with rec.guard(PROBE, "unchanged weights"):
-        _measure_unchanged(rec, state, optimizer, grad_values, param_values)
+        _measure_unchanged(rec, state, optimizer, step, grad_values, param_values)
     state.last_param_values = param_values
-    if state.config is not None:
-        digest, detail = state.config
+    if config is not None:
+        digest, detail = config
         if scale_value is not None:
             digest = f"{digest}:{scale_value!r}"
         step.config = digest
         if digest != state.last_digest:
             state.last_digest = digest
-            rec.emit(ConfigState(opt=state.index, n=state.num_steps, digest=digest,
-                                 **{**detail(), "scale": scale_value}))
+            rec.emit_stamped(rec.stamp(ConfigState(opt=state.index, n=step.n, digest=digest,
+                                                   **{**detail(), "scale": scale_value}), like=step))
 
 
-def _measure_unchanged(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer,
+def _measure_unchanged(rec: Recorder, state: _OptimizerState, optimizer: torch.optim.Optimizer, step: Step,
                        grad_values: list, param_values: list) -> None:
     """Parameters this step left bit-for-bit unchanged despite a non-zero gradient: how their update
-    compares with their dtype's spacing (rank/update_size.py), a few times per parameter and run."""
+    compares with their dtype's spacing (rank/update_size.py), a few times per parameter and run.
+    On a GPU this runs when the step's fingerprints have arrived, up to a few steps later: the
+    optimizer's state is read then, an update size of nearly the same step."""
     previous = state.last_param_values
     if previous is None or len(previous) != len(param_values):
         return
@@ -335,7 +368,8 @@ def _measure_unchanged(rec: Recorder, state: _OptimizerState, optimizer: torch.o
     for i in positions:
         state.examined[i] = state.examined.get(i, 0) + 1
     params, median = update_size.examine(optimizer, positions)
-    rec.emit(UnchangedWeights(opt=state.index, n=state.num_steps, params=params, grad_rms_median=median))
+    rec.emit_stamped(rec.stamp(UnchangedWeights(opt=state.index, n=step.n, params=params, grad_rms_median=median),
+                               like=step))
 
 
 def _float_of_bits(word: int) -> float:

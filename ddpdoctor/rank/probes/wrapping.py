@@ -334,7 +334,8 @@ def _snapshot(rec: Recorder, index: int) -> None:
 
 def reduced_for(params: list, ddp_indices: list[int]) -> Optional["Reduced"]:
     """Where each of an optimizer's parameters is in the snapshots of its DDP modules; None when no
-    valid snapshot covers any of them."""
+    valid snapshot covers any of them. The caller launches the sample of the gradients before the
+    step (``before_step``), with their full fingerprints."""
     snapshots = []
     for index in ddp_indices:
         snap = SNAPSHOTS.get(index)
@@ -351,8 +352,7 @@ def reduced_for(params: list, ddp_indices: list[int]) -> Optional["Reduced"]:
                 found = (number, position)
                 break
         where.append(found)
-    return Reduced(pendings=[snap.pending for _, snap in snapshots], where=where,
-                   before_step=fingerprints.start([p.grad for p in params], sampled=True))
+    return Reduced(pendings=[snap.pending for _, snap in snapshots], where=where)
 
 
 @dataclass
@@ -362,7 +362,7 @@ class Reduced:
 
     pendings: list
     where: list
-    before_step: fingerprints.Pending  # the same sample of the gradients, taken before the step
+    before_step: Optional[fingerprints.Pending] = None  # the same sample of the gradients, taken before the step
 
     def compare(self, resolved: list[list], before_step: list) -> tuple[int, list]:
         """(how many gradients changed between DDP's all-reduce and the step, their sampled

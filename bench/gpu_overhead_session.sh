@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue #34's GPU part in one command on a lent GPU machine: the deferred host copies checked on a
+# real GPU (unit test, and ddpdoctor on GPU fixtures with every step fingerprinted), then the GPT
+# job's mean step, plain against this build and against an earlier one side by side.
+#
+#   git archive <earlier commit> pyproject.toml README.md ddpdoctor checks fixtures | tar -x -C .before/src
+#   OUT=/tmp/gpu-out [PARTS="tests checks kinds steps"] bash bench/gpu_overhead_session.sh [.before/src]
+#
+# PARTS: tests (the host-copy unit tests on CUDA), checks (GPU fixtures), kinds (bench/step_kinds.py
+# on the full GPT: host CPU and mean wall step per step kind, then a profile by own time), steps
+# (bench/gpu.py: the GPT job's mean step, plain against ddpdoctor, and the earlier build if given).
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+BEFORE=${1:-}
+PARTS=${PARTS:-tests checks kinds steps}
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+mkdir -p "$OUT"
+install() {  # install SOURCE TARGET: a build beside the machine's own torch, without dependencies
+    python3 -m pip install --no-build-isolation --no-deps -q --target "$2" "$1" >>"$OUT/install.log" 2>&1 \
+        || { echo "install of $1 failed"; tail -20 "$OUT/install.log"; exit 2; }
+}
+install . /tmp/now-site
+[ -n "$BEFORE" ] && install "$BEFORE" /tmp/before-site
+export PYTHONPATH=/tmp/now-site PATH=/tmp/now-site/bin:$PATH PYTHONUNBUFFERED=1
+nvidia-smi -L
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+
+if want tests; then
+    echo "== the host copies on a GPU (unit tests)"
+    timeout 120 python3 -m pytest -q -n 0 -p no:cacheprovider tests/unit/test_host_copies.py 2>&1 | tail -3
+fi
+
+check() {  # check NAME ARGS...: one ddpdoctor run; its screen and JSON report under $OUT
+    local name=$1; shift
+    (cd "$OUT" && timeout 180 ddpdoctor check --plain --json "$OUT/$name.json" "$@" >"$OUT/$name.txt" 2>&1)
+    local rc=$?
+    python3 - "$OUT/$name.json" "$name" "$rc" <<'PY'
+import json, sys
+path, name, rc = sys.argv[1:]
+try:
+    report = json.load(open(path))
+except Exception as error:
+    raise SystemExit(f"{name}: exit {rc}, no report ({error})")
+roots = [f"{f['check']}/{f['severity']}: {f['message'][:150]}" for f in report.get("findings", [])
+         if f["severity"] in ("error", "warning")]
+passed = [c["id"] for c in report.get("checks", []) if c.get("status") == "pass"]
+print(f"{name}: exit {rc}, outcome {report.get('outcome')}, roots {roots or 'none'}, passed {passed}, "
+      f"probe errors {report.get('probe_errors') or 'none'}")
+PY
+}
+if want checks; then
+    echo "== ddpdoctor on GPU fixtures, every step fingerprinted"
+    F=$PWD/fixtures G=$PWD/bench/gpu_fixtures
+    check shared_good "$G/shared_gpu_sync.py" -n 2 --device native --fingerprint-every 1
+    check shared_bad "$G/shared_gpu_sync.py" -n 2 --device native --fingerprint-every 1 -- --bug scale-grad
+    check amp "$F/gpu_amp.py" -n 1 --device native --fingerprint-every 1
+    check trainer_bug "$F/gpu_trainer.py" -n 1 --device native -- --total-epochs 2 --bug set-epoch
+fi
+if want kinds; then
+    echo "== host CPU and mean wall step per step kind, the full GPT on the GPU"
+    timeout 150 python3 bench/step_kinds.py --model gpt-cuda --steps 60 --rounds 1 2>&1 | tee "$OUT/kinds.txt"
+    STEP_KINDS_SORT=tottime timeout 150 python3 bench/step_kinds.py --model gpt-cuda --steps 40 --rounds 1 --profile \
+        >"$OUT/kinds-profile.txt" 2>&1
+    sed -n '/fingerprint every step/,$p' "$OUT/kinds-profile.txt" | head -40
+fi
+if want steps; then
+    echo "== the GPT job's mean step"
+    timeout 400 python3 bench/gpu.py --rounds 3 --steps 110 --steps-only --out "$OUT/gpu.json" \
+        ${BEFORE:+--before-site /tmp/before-site} 2>&1 | tee "$OUT/gpu-bench.txt"
+fi
