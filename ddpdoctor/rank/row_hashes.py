@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["MAX_ROWS", "MAX_FEATURES", "fingerprintable", "row_hashes", "start", "finish"]
+__all__ = ["MAX_ROWS", "MAX_FEATURES", "fingerprintable", "row_hashes", "start", "finish", "mix"]
 
 MAX_ROWS = 256
 MAX_FEATURES = 1024  # elements below 2**32 in magnitude, weights below 2**10: sums stay below 2**52
@@ -31,6 +31,7 @@ _MASK63 = (1 << 63) - 1
 _MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93)
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _projections: dict[torch.device, torch.Tensor] = {}
+_scratch: dict[tuple, torch.Tensor] = {}  # row-block shape -> a CPU float64 buffer (see start)
 
 
 def _projection(device: torch.device) -> torch.Tensor:
@@ -64,16 +65,33 @@ def start(batch: torch.Tensor) -> tuple[torch.Tensor, int]:
     bits = flat.view(_INT_VIEW[flat.element_size()])
     if bits.element_size() == 8:
         bits = (bits ^ (bits >> 32)) & 0xFFFFFFFF
-    return bits.to(torch.float64) @ _projection(batch.device)[: bits.shape[1]], width
+    projection = _projection(batch.device)[: bits.shape[1]]
+    if bits.device.type != "cpu":
+        return bits.to(torch.float64) @ projection, width
+    # On a CPU, the float64 copy goes into a buffer kept between batches: a fresh one of this size
+    # (512 KiB for 64 rows of 1024) is mapped anew by the allocator, and its page faults cost three
+    # times the projection. (Not on a GPU: there a kept buffer could race with another stream.)
+    scratch = _scratch.get(tuple(bits.shape))
+    if scratch is None:
+        if len(_scratch) >= 4:
+            _scratch.clear()
+        scratch = _scratch[tuple(bits.shape)] = torch.empty(bits.shape, dtype=torch.float64)
+    return torch.mm(scratch.copy_(bits), projection), width
 
 
 def finish(sums: torch.Tensor, width: int) -> list[int]:
-    """The row hashes from :func:`start`'s sums (the one host copy). The sums are exact integers
-    below 2**52; each is spread over 64 bits by an odd multiplier and the four are xor-ed."""
+    """The row hashes from :func:`start`'s sums (the one host copy)."""
+    return mix(sums.cpu().tolist(), width)
+
+
+def mix(sums: list, width: int) -> list[int]:
+    """The row hashes from :func:`start`'s sums copied to the host (a list of rows of four). The
+    sums are exact integers below 2**52; each is spread over 64 bits by an odd multiplier and the
+    four are xor-ed."""
     k0, k1, k2, k3 = _MULTIPLIERS
     seed = width * 0xFF51AFD7ED558CCD
     return [(seed ^ int(a) * k0 ^ int(b) * k1 ^ int(c) * k2 ^ int(d) * k3 ^ (int(a) >> 20) * k3) & _MASK63
-            for a, b, c, d in sums.cpu().tolist()]
+            for a, b, c, d in sums]
 
 
 def row_hashes(batch: torch.Tensor) -> Optional[list[int]]:

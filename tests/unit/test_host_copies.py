@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -142,3 +146,71 @@ def test_on_a_gpu_the_values_come_behind_a_cuda_event_and_match_the_cpus(tmp_pat
         return [(e["kind"], e.get("n"), e.get("step"), bool(e.get("grads")), bool(e.get("params")),
                  [c["count"] for c in e.get("calls", [])]) for e in events]
     assert shape(gpu) == shape(cpu)
+
+
+_DDP_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from ddpdoctor.rank import probes
+    from ddpdoctor.rank.host_copies import HostCopies
+    from ddpdoctor.rank.recorder import Recorder
+    from ddpdoctor.schema.settings import RankSettings
+
+    rec = Recorder(RankSettings(evidence_dir=os.environ["EVIDENCE"], fingerprint_every=1, device="native"))
+    rec.host_copies = HostCopies(on_error=print, defer_cpu=sys.argv[1] == "later")
+    finish = probes.install(rec)
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, TensorDataset
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(96, 8), torch.randint(0, 3, (96,)))
+    for epoch in range(2):
+        for x, y in DataLoader(data, batch_size=16, shuffle=True):
+            loss = torch.nn.functional.cross_entropy(model(x.clone()), y)  # a copy: hashed at the forward
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if sys.argv[1] == "later":
+                assert len(rec.host_copies) > 0
+    rec.host_copies.flush()
+    finish()
+    dist.destroy_process_group()
+    rec.close()
+""")
+
+
+def _run_ddp(tmp_path, mode: str) -> dict[str, list[dict]]:
+    """The script above under every probe, its values handed over at once or later: its events by
+    kind, in order, without what differs from run to run (wall times, the environment)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    evidence = tmp_path / mode
+    env = {**os.environ, "EVIDENCE": str(evidence), "DDPDOCTOR_EVIDENCE_DIR": str(evidence),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    out = subprocess.run([sys.executable, "-c", _DDP_SCRIPT, mode], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (name,) = [n for n in os.listdir(evidence) if n.startswith("events")]
+    kinds: dict[str, list[dict]] = {}
+    for line in open(evidence / name):
+        event = json.loads(line)
+        if event["kind"] == "environment":  # the rendezvous port, among others
+            continue
+        # a content window closes when the next forward's rows arrive: later, by the collectives in between
+        varying = {"t", "timing", "pid", *(("seq",) if event["kind"] == "content_pass" else ())}
+        kinds.setdefault(event["kind"], []).append({k: v for k, v in event.items() if k not in varying})
+    return kinds
+
+
+def test_every_probe_writes_the_same_evidence_when_values_come_later(tmp_path):
+    """DDP, a shuffled DataLoader, a copy of each batch fed to the model (its rows hashed at the
+    forward), every step fingerprinted: the steps, loss windows and content windows are the same, in
+    the same order, whether the values arrive at once or a step later (interleaved differently with
+    events of other kinds, which are written as they happen)."""
+    at_once, later = _run_ddp(tmp_path, "at_once"), _run_ddp(tmp_path, "later")
+    assert len(later["step"]) == 12 and len(later["loss_window"]) == 12 and "probe_error" not in later
+    assert {e.get("source") for e in later["content_pass"]} == {"loader", "forward"}
+    assert later == at_once

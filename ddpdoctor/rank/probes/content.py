@@ -185,7 +185,7 @@ class _ContentProbe:
         if not fingerprints.fingerprintable(tensor):
             return None
         ref, version, cached = self.last
-        if ref is not None and ref() is tensor and tensor._version == version:
+        if cached is not None and ref is not None and ref() is tensor and tensor._version == version:
             return cached
         found = fingerprints.row_hashes(tensor)
         self.last = (weakref.ref(tensor), tensor._version, found)
@@ -226,32 +226,56 @@ class _ContentProbe:
 
     # -- DDP forwards ---------------------------------------------------------------------------
     def on_forward(self, module: torch.nn.Module, state: Any, args: tuple, kwargs: dict) -> None:
-        """A DDP wrapper's forward: its first input tensor's rows, in the window of its feeding pass."""
+        """A DDP wrapper's forward: its first input tensor's rows, in the window of its feeding pass.
+        On a GPU the rows' hashes reach the host behind the device (rank/host_copies.py): a forward
+        never waits for the previous step to finish; the window is told what fed it now."""
         if not (torch.is_grad_enabled() and module.training):
             return
         with self.rec.guard(PROBE, "forward input"):
             tensor = first_tensor(list(args) + list(kwargs.values()))
-            hashes = self.hashes(tensor)
-            if hashes:
-                number = self.forward_counts.get(state.index, 0) + 1
-                self.forward_counts[state.index] = number
-                window = self.window(state.index, number, state.last_forward_site)
-                digest = hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest()
-                feeding = self.open_feeding()
-                # "s:": not the batch the feeding loader yielded (noise, a hand-made batch): made in the script
-                window.digests.append(digest if feeding is not None and hashes == feeding.last_hashes
-                                      else f"s:{digest}")
-                window.add(hashes)
+            if not fingerprints.fingerprintable(tensor):
+                return
+            feeding = self.open_feeding()
+            fed = (feeding, feeding.last_hashes if feeding is not None else None, state.index,
+                   state.last_forward_site)
+            ref, version, cached = self.last
+            if cached is not None and ref is not None and ref() is tensor and tensor._version == version:
+                self._forward_rows(cached, *fed)
+                return
+            sums, width = fingerprints.start(tensor)
+            self.last = (weakref.ref(tensor), tensor._version, None)  # filled in when the hashes arrive
+
+            def arrived(host: Optional[list[list]]) -> None:
+                if host is None:
+                    return
+                hashes = fingerprints.mix(host[0], width)
+                if self.last[0] is not None and self.last[0]() is tensor:
+                    self.last = (self.last[0], self.last[1], hashes)
+                self._forward_rows(hashes, *fed)
+
+            self.rec.host_copies.later([sums], arrived)
+
+    def _forward_rows(self, hashes: Optional[list[int]], feeding: Optional[_Stream],
+                      feeding_hashes: Optional[list[int]], index: int, site: list) -> None:
+        """A training forward's rows, in the window of DDP module ``index`` fed by ``feeding``."""
+        if not hashes:
+            return
+        number = self.forward_counts.get(index, 0) + 1
+        self.forward_counts[index] = number
+        window = self.window(index, number, site, feeding)
+        digest = hashlib.blake2b(array("q", hashes).tobytes(), digest_size=8).hexdigest()
+        # "s:": not the batch the feeding loader yielded (noise, a hand-made batch): made in the script
+        window.digests.append(digest if feeding is not None and hashes == feeding_hashes else f"s:{digest}")
+        window.add(hashes)
 
     def open_feeding(self) -> Optional[_Stream]:
         """The loader pass whose batches feed the model now (None once it ended)."""
         return self.feeding if self.feeding is not None and self.feeding.open else None
 
-    def window(self, index: int, forward: int, site: list) -> _Stream:
+    def window(self, index: int, forward: int, site: list, feeding: Optional[_Stream]) -> _Stream:
         """The open window of DDP module ``index``; a new one (starting at training forward
         ``forward``, called from ``site``) after FORWARD_WINDOW forwards or when another loader pass
-        (or none) feeds the model."""
-        feeding = self.open_feeding()
+        (or none: ``feeding``) feeds the model."""
         feeds = f"{feeding.key}#{feeding.fields['number']}" if feeding is not None else None
         current = self.windows.get(index)
         if current is not None and current.open and current.feeds == feeds and current.num_batches < FORWARD_WINDOW:

@@ -45,6 +45,10 @@ MAX_CALLS = 64  # probed calls kept per window (the rest are not weighed)
 MAX_SCAN = 40  # source lines read between a loss call and its backward
 GRAD_COORDINATES = 256  # local-gradient coordinates sampled per DDP module and backward, at most
 MAX_PER_PARAMETER = 16
+# Parameters sampled per DDP module, at most (every k-th by position, the same on every rank): each
+# sample is a copy, a kernel launch on a GPU, in the backward's path; 16 of 16 coordinates give the
+# 256 coordinates that 149 parameters' one each would, at a ninth of the launches (a GPT's 149).
+MAX_SAMPLED_PARAMETERS = 16
 # Names a script gives the world size, on a line that scales by it.
 _WORLD_NAMES = re.compile(r"\b(world_size|get_world_size|WORLD_SIZE|num_processes|num_gpus|n_gpus?|ngpus"
                           r"|nprocs|num_replicas|dp_size|dp_world_size)\b")
@@ -234,11 +238,14 @@ def sampling() -> bool:
 
 def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.Tensor]) -> None:
     """A sample of a parameter's local gradient right after this backward accumulated it, before
-    DDP's all-reduce (its first coordinates: the same on every rank); one of ``parameters``."""
-    if grad is None or torch.compiler.is_compiling():
+    DDP's all-reduce (its first coordinates: the same on every rank); one of ``parameters``, of which
+    every k-th by position is sampled (:data:`MAX_SAMPLED_PARAMETERS`)."""
+    stride = max(1, -(-parameters // MAX_SAMPLED_PARAMETERS))
+    if grad is None or position % stride or torch.compiler.is_compiling():
         return
     window = _WINDOW
-    k = max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, parameters), grad.numel()))
+    sampled = -(-parameters // stride)
+    k = max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, sampled), grad.numel()))
     with torch.no_grad():
         sample = grad.detach().reshape(-1)[:k].to(torch.float64, copy=True)
     window.grads.setdefault(window.backwards, {})[(ddp, position)] = sample
