@@ -4,18 +4,22 @@ no fingerprint (an unfingerprinted step), or with fingerprints on every step; ea
 main thread's CPU clock. Prints the median, the 10th percentile and the minimum: on a shared machine the
 median moves by 10-20% between identical runs, the minimum by a few percent.
 
-    python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--drop loss,wrapping] [--model gpt]
+    python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--torch-profile] [--drop loss,wrapping]
+                               [--model mlp|gpt|gpt-cuda]
 
 ``--model gpt``: instead, the GPT-style decoder of bench/gpt_step.py (149 tensors) at a tiny width, so
 that its arithmetic is cheap and a step's CPU is mostly Python and dispatch: what a GPU's host runs.
 ``--model gpt-cuda``: that decoder at full size (135M) on the GPU (NCCL, bf16 autocast, fused AdamW,
-batch 16 x 512): the host's CPU per step, and the loop's mean wall step (the loop never waits for
-the GPU; a host that waits for it, in a copy or a full launch queue, spends that wait as CPU too).
+batch 16 x 512): the main thread's CPU per step, and the loop's mean wall step (the loop never waits
+for the GPU). The main thread's clock misses autograd's device thread, which launches the backward
+and runs the gradient hooks on a GPU: ``--torch-profile`` sees every thread.
 
-``--profile``: also each variant's cProfile table restricted to ddpdoctor's functions (cumulative), which
-names the probe code a step runs (its times are inflated by the profiler); with STEP_KINDS_SORT=tottime,
-every function by its own time (torch's calls too, where a wait for the device shows). ``--drop``: probe modules
-left out (ddpdoctor.rank.probes.PROBE_MODULES), to see one probe's share.
+``--profile``: also each variant's cProfile table restricted to ddpdoctor's functions (cumulative),
+which names the probe code a step runs (its times are inflated by the profiler); with
+STEP_KINDS_SORT=tottime, every function by its own time (torch's calls too, where a wait for the
+device shows). ``--torch-profile``: torch.profiler over five steps of each variant: torch's ops by
+their own CPU time on every thread, and on a GPU the kernels by device time. ``--drop``: probe
+modules left out (ddpdoctor.rank.probes.PROBE_MODULES), to see one probe's share.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ VARIANTS = {"no probes": ("none", 0), "probes, no fingerprint": ("probes", 10 **
             "probes, fingerprint every step": ("probes", 1)}
 
 
-def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str) -> None:
+def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str, torch_profile: bool) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
     import torch
@@ -75,6 +79,11 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
     model = nn.parallel.DistributedDataParallel(net.cuda() if cuda else net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=cuda)
     profiler = cProfile.Profile()
+    traced = None
+    if torch_profile:  # five steps after the warm-up, every thread's torch ops and the device's kernels
+        activities = [torch.profiler.ProfilerActivity.CPU, *([torch.profiler.ProfilerActivity.CUDA] if cuda else [])]
+        traced = torch.profiler.profile(activities=activities, schedule=torch.profiler.schedule(wait=0, warmup=2,
+                                                                                                 active=5, repeat=1))
     times = []
     window = 0.0
     for i, (x, y) in enumerate(DataLoader(data, batch_size=batch, pin_memory=cuda)):
@@ -93,6 +102,14 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
         nn.functional.cross_entropy(logits.float().flatten(0, -2), y.flatten()).backward()
         optimizer.step()
         times.append(time.thread_time() - start)
+        if traced is not None and i == 13:
+            traced.start()
+        if traced is not None and 13 <= i < 20:
+            traced.step()
+        if traced is not None and i == 20:
+            traced.stop()
+            sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+            print(traced.key_averages().table(sort_by=sort, row_limit=25), flush=True)
     if cuda:
         torch.cuda.synchronize()
     print(f"LOOP_MEAN_MS {(time.perf_counter() - window) * 1e3 / max(1, len(times) - 10):.2f}", flush=True)
@@ -116,23 +133,26 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--drop", default="")
     parser.add_argument("--model", choices=("mlp", "gpt", "gpt-cuda"), default="mlp")
+    parser.add_argument("--torch-profile", action="store_true",
+                        help="torch.profiler over five steps: ops by their own CPU time, kernels by device time")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop, args.model)
+        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop, args.model, args.torch_profile)
         return
     print("| round | variant | median CPU ms per step | p10 | min | loop's mean wall ms per step |\n"
           "|---|---|---|---|---|---|")
     for round_number in range(1, args.rounds + 1):
         for name, (kind, every) in VARIANTS.items():
             cmd = [sys.executable, __file__, "--child", kind, str(every), "--steps", str(args.steps),
-                   "--drop", args.drop, "--model", args.model, *(["--profile"] if args.profile else [])]
+                   "--drop", args.drop, "--model", args.model, *(["--profile"] if args.profile else []),
+                   *(["--torch-profile"] if args.torch_profile else [])]
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
             line = next((ln for ln in out.splitlines() if ln.startswith("STEP_CPU_MS")), None)
             median, p10, low = line.split()[1:] if line else ("-", "-", "-")
             mean = next((ln.split()[1] for ln in out.splitlines() if ln.startswith("LOOP_MEAN_MS")), "-")
             print(f"| {round_number} | {name} | {median} | {p10} | {low} | {mean} |", flush=True)
-            if args.profile:
+            if args.profile or args.torch_profile:
                 print(out.split("\n", 1)[1] if line else out[-3000:])
 
 

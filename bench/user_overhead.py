@@ -4,7 +4,10 @@ a short job (40 steps, most of them fingerprinted by default) and a long one (20
 round after round; and each rank's CPU seconds (in the loop, and in the whole process) beside plain
 torchrun's, where the probes' work shows without the other processes' noise.
 
-    python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY]
+    python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY] [--cwd DIR]
+
+``--cwd``: where the runs start; outside the checkout when ``--baseline-python`` is an earlier build
+on PYTHONPATH (``python -m ddpdoctor`` run inside the checkout imports the checkout's).
 
 The job: the 9.5M-parameter MLP of bench/workloads/mlp_step.py with AdamW, batch 64, 2 gloo ranks
 pinned to a core each, one thread per rank. Each ratio is paired with plain torchrun in the same round,
@@ -47,6 +50,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) 
     configs = dict(CONFIGS)
     if baseline_python:
         configs["baseline install (default schedule)"] = ("baseline", ())
+        configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
     script = WORKLOADS / "mlp_step.py"
     for n in steps:
         args = ("--steps", str(n), "--pin", "--optimizer", "adamw", "--batch", "64")
@@ -86,7 +90,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", default="40,200", help="comma-separated job lengths")
-    parser.add_argument("--baseline-python", help="also run the default schedule of the ddpdoctor of this Python")
+    parser.add_argument("--baseline-python",
+                        help="also the ddpdoctor of this Python (an earlier build), default schedule and every step")
     parser.add_argument("--cwd", default=".")
     args = parser.parse_args()
     bench(args.cwd, args.rounds, [int(s) for s in args.steps.split(",")], args.baseline_python)

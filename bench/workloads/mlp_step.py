@@ -12,6 +12,7 @@ where the machine's drift between runs cannot reach it (plain torchrun's ratio i
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -31,6 +32,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="pin each rank to its own core (steadier timings)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--thread-cpu", action="store_true",
+                        help="also print each step's main-thread CPU ms (STEP_CPU_MS rank [...]): the probes' own cost")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard the MLP with FSDP2 (fully_shard per Linear, then the root) instead of DDP")
     args = parser.parse_args()
@@ -59,19 +62,22 @@ def main() -> None:
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
     optimizer = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.optimizer == "adamw"
                  else torch.optim.SGD(model.parameters(), lr=0.01))
-    times = []
+    times, cpu = [], []
     loop_start, loop_cpu = time.perf_counter(), time.process_time()
     for x, y in loader:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
+        cpu.append(time.thread_time() - start_cpu)
     loop_s, loop_cpu_s = time.perf_counter() - loop_start, time.process_time() - loop_cpu
     # what a user sees: every step after the first 4 (fingerprinted ones included), the loop's wall time, and this
     # rank's CPU seconds in the loop and in the whole process so far (import and start-up included)
     print(f"RUN rank {dist.get_rank()} mean_ms {statistics.fmean(times[4:]) * 1000:.3f} loop_s {loop_s:.3f} "
           f"loop_cpu_s {loop_cpu_s:.3f} process_cpu_s {time.process_time():.3f}", flush=True)
+    if args.thread_cpu:
+        print(f"STEP_CPU_MS {dist.get_rank()} {json.dumps([round(c * 1e3, 3) for c in cpu])}", flush=True)
     steady = times[10:]
     odd = [t for i, t in enumerate(times) if i >= 10 and i % 2 == 0]  # steps 11, 13, ... (1-based)
     even = [t for i, t in enumerate(times) if i >= 10 and i % 2 == 1]

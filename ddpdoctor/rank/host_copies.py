@@ -44,8 +44,20 @@ class _Entry:
         self.event = event  # a torch.cuda.Event; None: the copies are complete already
         self.then = then
 
-    def ready(self) -> bool:
-        return self.event is None or bool(self.event.query())  # type: ignore[attr-defined]
+    def ready(self) -> Optional[bool]:
+        """Whether the copies have arrived; None when they never will (the device failed: a CUDA
+        error is sticky, and every later query raises it again)."""
+        try:
+            return self.event is None or bool(self.event.query())  # type: ignore[attr-defined]
+        except Exception:
+            return None
+
+    def wait(self) -> bool:
+        try:
+            self.event.synchronize()  # type: ignore[union-attr]
+            return True
+        except Exception:
+            return False
 
 
 class HostCopies:
@@ -85,12 +97,13 @@ class HostCopies:
         with self._lock:
             while self._queue:
                 entry = self._queue[0]
-                if not entry.ready():
+                arrived = entry.ready()
+                if arrived is False:
                     if len(self._queue) <= MAX_BEHIND:
                         return
-                    entry.event.synchronize()  # type: ignore[union-attr]
+                    arrived = entry.wait()
                 self._queue.popleft()
-                self._run(entry.then, [c.tolist() for c in entry.copies])
+                self._run(entry.then, [c.tolist() for c in entry.copies] if arrived else None)
 
     def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
         """Run every queued consumer now: with its values where the device delivers them within
@@ -100,7 +113,7 @@ class HostCopies:
             while self._queue:
                 entry = self._queue.popleft()
                 arrived = entry.ready()
-                while not arrived and time.monotonic() < deadline:
+                while arrived is False and time.monotonic() < deadline:
                     time.sleep(0.001)
                     arrived = entry.ready()
                 self._run(entry.then, [c.tolist() for c in entry.copies] if arrived else None)

@@ -27,13 +27,17 @@ from ddpdoctor.schema.settings import RankSettings
 
 
 class _Event:
-    """A stand-in CUDA event: complete when the test says so, or when waited for."""
+    """A stand-in CUDA event: complete when the test says so, or when waited for; ``broken``: the
+    device failed (a CUDA error raises from every later query)."""
 
     def __init__(self) -> None:
         self.done = False
         self.waited = False
+        self.broken = False
 
     def query(self) -> bool:
+        if self.broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return self.done
 
     def synchronize(self) -> None:
@@ -83,6 +87,17 @@ def test_a_flush_hands_over_none_for_what_the_device_never_delivers():
     stuck = _queue_pending(copies, 2, seen)
     copies.flush(wait_s=0.05)
     assert seen == [[[1]], None] and not stuck.waited and len(copies) == 0
+
+
+def test_a_failed_device_hands_over_none_once_and_the_queue_moves_on():
+    seen: list = []
+    copies = HostCopies(on_error=pytest.fail)
+    broken = _queue_pending(copies, 1, seen)
+    broken.broken = True
+    after = _queue_pending(copies, 2, seen)
+    after.done = True
+    copies.poll()
+    assert seen == [None, [[2]]] and len(copies) == 0
 
 
 def test_a_failing_consumer_is_reported_and_the_next_ones_still_run():
