@@ -4,10 +4,11 @@
 # job's mean step, plain against this build and against an earlier one side by side.
 #
 #   git archive <earlier commit> pyproject.toml README.md ddpdoctor checks fixtures | tar -x -C .before/src
-#   OUT=/tmp/gpu-out [PARTS="tests checks kinds steps"] bash bench/gpu_overhead_session.sh [.before/src]
+#   OUT=/tmp/gpu-out [PARTS="tests checks kinds trace steps"] bash bench/gpu_overhead_session.sh [.before/src]
 #
 # PARTS: tests (the host-copy unit tests on CUDA), checks (GPU fixtures), kinds (bench/step_kinds.py
-# on the full GPT: host CPU and mean wall step per step kind, then a profile by own time), steps
+# on the full GPT: host CPU and mean wall step per step kind, then a profile by own time), trace
+# (torch.profiler over five steps of each kind: every thread's ops, the kernels by device time), steps
 # (bench/gpu.py: the GPT job's mean step, plain against ddpdoctor, and the earlier build if given).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
@@ -62,6 +63,12 @@ if want kinds; then
     STEP_KINDS_SORT=tottime timeout 150 python3 bench/step_kinds.py --model gpt-cuda --steps 40 --rounds 1 --profile \
         >"$OUT/kinds-profile.txt" 2>&1
     sed -n '/fingerprint every step/,$p' "$OUT/kinds-profile.txt" | head -40
+fi
+if want trace; then
+    echo "== torch.profiler of the full GPT per step kind (autograd's thread and the kernels)"
+    timeout 180 python3 bench/step_kinds.py --model gpt-cuda --steps 30 --rounds 1 --torch-profile \
+        >"$OUT/trace.txt" 2>&1
+    grep -A30 "fingerprint every step" "$OUT/trace.txt" | head -40
 fi
 if want steps; then
     echo "== the GPT job's mean step"

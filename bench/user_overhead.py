@@ -2,7 +2,8 @@
 plain torchrun against `ddpdoctor check` at the default schedule and with fingerprints on every step, on
 a short job (40 steps, most of them fingerprinted by default) and a long one (200 steps), interleaved
 round after round; and each rank's CPU seconds (in the loop, and in the whole process) beside plain
-torchrun's, where the probes' work shows without the other processes' noise.
+torchrun's, and each step's main-thread CPU (median, 10th percentile and minimum over both ranks'
+steps from the 11th): where the probes' work shows without the other processes' noise.
 
     python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY] [--cwd DIR]
 
@@ -17,6 +18,7 @@ then the median over the rounds with its range. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 
@@ -30,12 +32,19 @@ CONFIGS = {
     "ddpdoctor check --device native (default schedule)": ("doctor", ("--device", "native")),
 }
 _RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)")
+_STEP_CPU = re.compile(r"STEP_CPU_MS (\d+) (\[.*\])")
 
 
 def measure(output: str) -> dict[int, tuple[float, float, float, float]] | None:
     """rank -> (mean step ms, loop s, loop CPU s, process CPU s), None when a rank printed nothing."""
     found = {int(m.group(1)): tuple(float(v) for v in m.groups()[1:]) for m in _RUN.finditer(output)}
     return found if len(found) == 2 else None  # type: ignore[return-value]
+
+
+def step_cpu(output: str) -> list[float]:
+    """Both ranks' main-thread CPU ms of each step from the 11th on: what the probes cost a rank,
+    without the other processes' share of the cores that wall times carry."""
+    return [ms for m in _STEP_CPU.finditer(output) for ms in json.loads(m.group(2))[10:]]
 
 
 def _median_range(values: list[float], unit: str = "x") -> str:
@@ -53,15 +62,18 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) 
         configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
     script = WORKLOADS / "mlp_step.py"
     for n in steps:
-        args = ("--steps", str(n), "--pin", "--optimizer", "adamw", "--batch", "64")
+        args = ("--steps", str(n), "--pin", "--optimizer", "adamw", "--batch", "64", "--thread-cpu")
         results: dict[str, list[dict]] = {name: [] for name in configs}
+        step_cpus: dict[str, list[float]] = {name: [] for name in configs}
         crashes: dict[str, int] = {name: 0 for name in configs}
         for _ in range(rounds):
             for name, (launcher, options) in configs.items():
                 cmd = torchrun(script, *args) if launcher == "torchrun" else doctor(script, *options, script_args=args)
                 if launcher == "baseline":
                     cmd = [baseline_python, *cmd[1:]]
-                measured = measure(run(cmd, cwd).output)
+                output = run(cmd, cwd).output
+                measured = measure(output)
+                step_cpus[name].extend(step_cpu(output))
                 if measured is None:
                     crashes[name] += 1
                 results[name].append(measured or {})
@@ -76,14 +88,18 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) 
                 means.append(this[0][0])
                 cpu.extend(v[2] for v in this.values())
                 process_cpu.extend(v[3] for v in this.values())
+            steps_cpu = sorted(step_cpus[name])
+            p10 = steps_cpu[len(steps_cpu) // 10] if steps_cpu else 0.0
+            step_cell = f"{statistics.median(steps_cpu):.1f} / {p10:.1f} / {steps_cpu[0]:.1f}" if steps_cpu else "-"
             rows.append([name, f"{statistics.median(means):.1f}" if means else "-", _median_range(mean_ratio),
                          _median_range(loop_ratio), _median_range(cpu, " s"), _median_range(process_cpu, " s"),
-                         crashes[name]])
+                         step_cell, crashes[name]])
         table(f"what a user sees, {n} steps: MLP 9x1024 (9.5M params), AdamW, batch 64, 2 gloo ranks pinned, one "
               f"thread each; {rounds} interleaved rounds, each ratio against plain torchrun in its round "
               "(median, range)",
               ["configuration", "mean step ms (steps 5+)", "mean step vs plain", "loop wall vs plain",
-               "CPU s per rank, loop", "CPU s per rank, process", "crashed runs"], rows)
+               "CPU s per rank, loop", "CPU s per rank, process",
+               "main-thread CPU ms per step, steps 11+ (median / p10 / min)", "crashed runs"], rows)
 
 
 def main() -> None:

@@ -55,7 +55,7 @@ def test_a_failing_probe_is_reported_and_the_script_runs_on(tmp_path):
     import it) makes the optimizer and DDP probes fail on every call."""
     (tmp_path / "sitecustomize.py").write_text(
         "import ddpdoctor.rank.fingerprint as fp\n"
-        "def broken(tensors):\n    raise RuntimeError('injected fault')\n"
+        "def broken(tensors, **options):\n    raise RuntimeError('injected fault')\n"
         "fp.start = broken\n")
     report = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "NO_COLOR": "1"}
