@@ -160,7 +160,7 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
     small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
     fixed: dict[int, list] = {}
     for i, given in enumerate(tensors):
-        t = given if type(given) in _PLAIN else readable(given) if given is not None else None
+        t = readable(given) if given is not None else None
         if t is None:
             fixed[i] = None
             continue
@@ -221,21 +221,14 @@ def assign(pending: Sequence[Pending], host: list[list]) -> list[list[Fingerprin
         for i, value in p.fixed.items():
             row[i] = value
         out.append(row)
-    devices: list[torch.device] = []
-    for p in pending:  # the order gather() met the devices in
-        for _, values in p.parts:
-            if values.device not in devices:
-                devices.append(values.device)
-    offsets = dict.fromkeys(devices, 0)
+    devices = dict.fromkeys(values.device for p in pending for _, values in p.parts)  # gather()'s order
+    words = {device: iter(values) for device, values in zip(devices, host)}
     for k, p in enumerate(pending):
         for positions, values in p.parts:
-            words = host[devices.index(values.device)]
-            offset = offsets[values.device]
-            for j, position in enumerate(positions):
-                out[k][position] = [words[offset + j]]
-            offsets[values.device] = offset + len(positions)
+            read = words[values.device]
+            for position in positions:
+                out[k][position] = [next(read)]
     return out
-
 
 def resolve(*pending: Pending) -> list[list[Fingerprint]]:
     """The values of several pending fingerprints now, with one host copy (and wait) per device."""

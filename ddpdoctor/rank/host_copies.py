@@ -52,6 +52,9 @@ class _Entry:
         except Exception:
             return None
 
+    def values(self, arrived: Optional[bool]) -> Optional[list[list]]:
+        return [c.tolist() for c in self.copies] if arrived else None
+
     def wait(self) -> bool:
         try:
             self.event.synchronize()  # type: ignore[union-attr]
@@ -103,7 +106,7 @@ class HostCopies:
                         return
                     arrived = entry.wait()
                 self._queue.popleft()
-                self._run(entry.then, [c.tolist() for c in entry.copies] if arrived else None)
+                self._run(entry.then, entry.values(arrived))
 
     def flush(self, wait_s: float = FLUSH_WAIT_S) -> None:
         """Run every queued consumer now: with its values where the device delivers them within
@@ -116,7 +119,7 @@ class HostCopies:
                 while arrived is False and time.monotonic() < deadline:
                     time.sleep(0.001)
                     arrived = entry.ready()
-                self._run(entry.then, [c.tolist() for c in entry.copies] if arrived else None)
+                self._run(entry.then, entry.values(arrived))
 
     def _run(self, then: Consumer, values: Optional[list[list]]) -> None:
         try:

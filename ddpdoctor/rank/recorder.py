@@ -91,7 +91,7 @@ class Recorder:
 
     def emit(self, event: Event) -> None:
         """Append one event, stamped with time, rank, step and collective sequence."""
-        self._write(self.stamp(event))
+        self._append(self.stamp(event))
 
     def stamp(self, event: Event, like: Optional[Event] = None) -> Event:
         """Stamp ``event`` with the time, rank, step and collective sequence of now (or those of
@@ -103,21 +103,21 @@ class Recorder:
         if threading.get_ident() == self._owner:  # the clock is read and booked by the main thread only
             self.clock.sync()
         event.t = time.time()
-        event.rank = self.rank
-        event.step = self.num_steps
-        event.seq = self.clock.units
-        return event
+        return self._counters(event)
 
     def emit_stamped(self, event: Event) -> None:
         """Append an event stamped earlier (:meth:`stamp`)."""
         self._append(event)
 
     def _write(self, event: Event) -> None:
-        """Append an event of now (the collective clock's own are stamped here)."""
+        """Append an event of now (the collective clock's own, which carry their own time)."""
+        self._append(self._counters(event))
+
+    def _counters(self, event: Event) -> Event:
         event.rank = self.rank
         event.step = self.num_steps
         event.seq = self.clock.units
-        self._append(event)
+        return event
 
     def _append(self, event: Event) -> None:
         line = json.dumps(event.to_json(), separators=(",", ":"), default=str)

@@ -45,8 +45,9 @@ class _Event:
         self.done = True
 
 
-def _queue_pending(copies: HostCopies, value: int, seen: list) -> _Event:
+def _queue_pending(copies: HostCopies, value: int, seen: list, *, done: bool = False, broken: bool = False) -> _Event:
     event = _Event()
+    event.done, event.broken = done, broken
     copies._queue.append(host_copies._Entry([torch.tensor([value])], event, lambda host: seen.append(host)))
     return event
 
@@ -82,8 +83,7 @@ def test_a_host_too_far_ahead_waits_for_the_oldest_only():
 def test_a_flush_hands_over_none_for_what_the_device_never_delivers():
     seen: list = []
     copies = HostCopies(on_error=pytest.fail)
-    first = _queue_pending(copies, 1, seen)
-    first.done = True
+    _queue_pending(copies, 1, seen, done=True)
     stuck = _queue_pending(copies, 2, seen)
     copies.flush(wait_s=0.05)
     assert seen == [[[1]], None] and not stuck.waited and len(copies) == 0
@@ -92,10 +92,8 @@ def test_a_flush_hands_over_none_for_what_the_device_never_delivers():
 def test_a_failed_device_hands_over_none_once_and_the_queue_moves_on():
     seen: list = []
     copies = HostCopies(on_error=pytest.fail)
-    broken = _queue_pending(copies, 1, seen)
-    broken.broken = True
-    after = _queue_pending(copies, 2, seen)
-    after.done = True
+    _queue_pending(copies, 1, seen, broken=True)
+    _queue_pending(copies, 2, seen, done=True)
     copies.poll()
     assert seen == [None, [[2]]] and len(copies) == 0
 

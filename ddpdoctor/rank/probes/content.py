@@ -184,12 +184,20 @@ class _ContentProbe:
         """Row hashes of ``tensor``, reused when the same unmodified tensor was just fingerprinted."""
         if not fingerprints.fingerprintable(tensor):
             return None
-        ref, version, cached = self.last
-        if cached is not None and ref is not None and ref() is tensor and tensor._version == version:
+        cached = self.cached(tensor)
+        if cached is not None:
             return cached
         found = fingerprints.row_hashes(tensor)
         self.last = (weakref.ref(tensor), tensor._version, found)
         return found
+
+    def cached(self, tensor: torch.Tensor) -> Optional[list[int]]:
+        """The hashes of ``tensor`` when it is the one last fingerprinted, unmodified since and its
+        hashes in; None otherwise."""
+        ref, version, hashes = self.last
+        if hashes is not None and ref is not None and ref() is tensor and tensor._version == version:
+            return hashes
+        return None
 
     # -- DataLoader passes (called by the data probe) -------------------------------------------
     def started(self, iterator: Any, loader: Any) -> None:
@@ -238,19 +246,22 @@ class _ContentProbe:
             feeding = self.open_feeding()
             fed = (feeding, feeding.last_hashes if feeding is not None else None, state.index,
                    state.last_forward_site)
-            ref, version, cached = self.last
-            if cached is not None and ref is not None and ref() is tensor and tensor._version == version:
+            cached = self.cached(tensor)
+            if cached is not None:
                 self._forward_rows(cached, *fed)
                 return
             sums, width = fingerprints.start(tensor)
-            self.last = (weakref.ref(tensor), tensor._version, None)  # filled in when the hashes arrive
+            # The hashes are filled in when they arrive; only a weak reference waits with them, so
+            # the batch is not kept alive for the step it may take.
+            ref, version = weakref.ref(tensor), tensor._version
+            self.last = (ref, version, None)
 
             def arrived(host: Optional[list[list]]) -> None:
                 if host is None:
                     return
                 hashes = fingerprints.mix(host[0], width)
-                if self.last[0] is not None and self.last[0]() is tensor:
-                    self.last = (self.last[0], self.last[1], hashes)
+                if self.last[0] is ref:
+                    self.last = (ref, version, hashes)
                 self._forward_rows(hashes, *fed)
 
             self.rec.host_copies.later([sums], arrived)

@@ -304,8 +304,6 @@ def _fingerprint_step(rec: Recorder, state: _OptimizerState, optimizer: torch.op
     if grads is None:
         return False
     reduced, scale, written, config = state.reduced, state.scale, state.written, state.config
-    if reduced is not None and reduced.before_step is None:
-        reduced = None
     extra = [*([reduced.before_step, *reduced.pendings] if reduced is not None else []),
              *([scale] if scale is not None else []), *([written] if written is not None else [])]
     pending = [grads, fingerprints.start(params), *extra]
