@@ -5,7 +5,7 @@ round after round; and each rank's CPU seconds (in the loop, and in the whole pr
 torchrun's, and each step's main-thread CPU (median, 10th percentile and minimum over both ranks'
 steps from the 11th): where the probes' work shows without the other processes' noise.
 
-    python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY] [--cwd DIR]
+    python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY] [--cwd DIR] [--steady-malloc]
 
 ``--cwd``: where the runs start; outside the checkout when ``--baseline-python`` is an earlier build
 on PYTHONPATH (``python -m ddpdoctor`` run inside the checkout imports the checkout's).
@@ -31,12 +31,21 @@ CONFIGS = {
     # on a machine with no GPU, --device auto simulates one per rank: the simulation's share of the cost
     "ddpdoctor check --device native (default schedule)": ("doctor", ("--device", "native")),
 }
-_RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)")
-_STEP_CPU = re.compile(r"STEP_CPU_MS (\d+) (\[.*\])")
+_RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)"
+                  r" loop_faults (\d+)")
+# glibc gives freed memory of big tensors back to the kernel and maps it again at a later step, as its
+# dynamic thresholds see fit: the minor page faults of the same job move between 0.1 and 1.9 million per
+# rank in 120 steps, run to run, plain torchrun or not, and the mean step with them by ±10%. A fixed mmap
+# threshold of 32 MiB (glibc's largest) and a trim threshold out of reach keep freed memory in the heap
+# (about 1000 faults a step), for plain torchrun and ddpdoctor alike: what is left is the probes' own cost.
+# The trim threshold alone fixes the mmap threshold at 128 KiB: every tensor is mapped anew, 2 million faults.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
+_STEP_CPU = re.compile(r"STEP_CPU_MS (\d+) (\[[-\d., ]*\])")  # two ranks' long lines may interleave: only numbers
 
 
-def measure(output: str) -> dict[int, tuple[float, float, float, float]] | None:
-    """rank -> (mean step ms, loop s, loop CPU s, process CPU s), None when a rank printed nothing."""
+def measure(output: str) -> dict[int, tuple[float, float, float, float, float]] | None:
+    """rank -> (mean step ms, loop s, loop CPU s, process CPU s, minor faults in the loop), None when a rank
+    printed nothing."""
     found = {int(m.group(1)): tuple(float(v) for v in m.groups()[1:]) for m in _RUN.finditer(output)}
     return found if len(found) == 2 else None  # type: ignore[return-value]
 
@@ -55,7 +64,7 @@ def _median_range(values: list[float], unit: str = "x") -> str:
     return f"{middle:.3f}{unit}{spread}"
 
 
-def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) -> None:
+def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, steady_malloc: bool) -> None:
     configs = dict(CONFIGS)
     if baseline_python:
         configs["baseline install (default schedule)"] = ("baseline", ())
@@ -71,7 +80,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) 
                 cmd = torchrun(script, *args) if launcher == "torchrun" else doctor(script, *options, script_args=args)
                 if launcher == "baseline":
                     cmd = [baseline_python, *cmd[1:]]
-                output = run(cmd, cwd).output
+                output = run(cmd, cwd, env=STEADY_MALLOC if steady_malloc else None).output
                 measured = measure(output)
                 step_cpus[name].extend(step_cpu(output))
                 if measured is None:
@@ -79,7 +88,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) 
                 results[name].append(measured or {})
         rows = []
         for name in configs:
-            mean_ratio, loop_ratio, means, cpu, process_cpu = [], [], [], [], []
+            mean_ratio, loop_ratio, means, cpu, process_cpu, faults = [], [], [], [], [], []
             for plain, this in zip(results["plain torchrun"], results[name]):
                 if not plain or not this:
                     continue
@@ -88,18 +97,20 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None) 
                 means.append(this[0][0])
                 cpu.extend(v[2] for v in this.values())
                 process_cpu.extend(v[3] for v in this.values())
+                faults.extend(v[4] / n / 1000 for v in this.values())
             steps_cpu = sorted(step_cpus[name])
             p10 = steps_cpu[len(steps_cpu) // 10] if steps_cpu else 0.0
             step_cell = f"{statistics.median(steps_cpu):.1f} / {p10:.1f} / {steps_cpu[0]:.1f}" if steps_cpu else "-"
             rows.append([name, f"{statistics.median(means):.1f}" if means else "-", _median_range(mean_ratio),
                          _median_range(loop_ratio), _median_range(cpu, " s"), _median_range(process_cpu, " s"),
-                         step_cell, crashes[name]])
+                         step_cell, _median_range(faults, ""), crashes[name]])
         table(f"what a user sees, {n} steps: MLP 9x1024 (9.5M params), AdamW, batch 64, 2 gloo ranks pinned, one "
               f"thread each; {rounds} interleaved rounds, each ratio against plain torchrun in its round "
-              "(median, range)",
+              f"(median, range){'; steady malloc' if steady_malloc else ''}",
               ["configuration", "mean step ms (steps 5+)", "mean step vs plain", "loop wall vs plain",
                "CPU s per rank, loop", "CPU s per rank, process",
-               "main-thread CPU ms per step, steps 11+ (median / p10 / min)", "crashed runs"], rows)
+               "main-thread CPU ms per step, steps 11+ (median / p10 / min)",
+               "thousand minor faults per step per rank", "crashed runs"], rows)
 
 
 def main() -> None:
@@ -109,8 +120,10 @@ def main() -> None:
     parser.add_argument("--baseline-python",
                         help="also the ddpdoctor of this Python (an earlier build), default schedule and every step")
     parser.add_argument("--cwd", default=".")
+    parser.add_argument("--steady-malloc", action="store_true",
+                        help="run every configuration with glibc's mmap and trim thresholds fixed (see STEADY_MALLOC)")
     args = parser.parse_args()
-    bench(args.cwd, args.rounds, [int(s) for s in args.steps.split(",")], args.baseline_python)
+    bench(args.cwd, args.rounds, [int(s) for s in args.steps.split(",")], args.baseline_python, args.steady_malloc)
 
 
 if __name__ == "__main__":

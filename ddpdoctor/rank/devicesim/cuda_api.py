@@ -35,6 +35,7 @@ from ddpdoctor.rank.devicesim.rng import SimulatedRng, generator_class
 from ddpdoctor.rank.devicesim.streams import stream_classes
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.torch_modes import outside_torch_modes
 
 
 # Modules whose public functions are simulated or guarded. Submodules re-export into torch.cuda
@@ -426,7 +427,8 @@ def _counter(ledger: Ledger) -> Any:
         def simulated(*args: Any, **kwargs: Any) -> Any:
             if not _caller().startswith(("torch.", "ddpdoctor.")):
                 ledger.count(api)
-            return fn(*args, **kwargs)
+            with outside_torch_modes():  # torch's own code calls some of these at every forward
+                return fn(*args, **kwargs)
 
         return simulated
 

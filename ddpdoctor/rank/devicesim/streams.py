@@ -23,6 +23,8 @@ from typing import Any, Optional, TypeVar
 import torch
 import torch.cuda.streams as cuda_streams
 
+from ddpdoctor.rank.torch_modes import outside_torch_modes
+
 T = TypeVar("T")
 
 CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA, as torch.cuda.Stream.device_type answers
@@ -64,7 +66,8 @@ def _stream_class(bases: tuple[type, ...], event_class: type, devices: Any) -> t
 
         def __init__(self, device: Any = None, priority: int = 0, **_kwargs: Any) -> None:
             index = devices.current if device is None or device == -1 else devices.index(device, "torch.cuda.Stream")
-            self._device = torch.device("cuda", index)
+            with outside_torch_modes():  # DDP's forward asks for the current stream: no mode sees it
+                self._device = torch.device("cuda", index)
             self._priority = priority
 
         @property

@@ -34,6 +34,7 @@ from ddpdoctor.rank.probes import data as data_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import ContentPass
 from ddpdoctor.schema.indices import encode_indices
 
@@ -222,7 +223,8 @@ class _ContentProbe:
             return
         self.feeding = stream
         self.tracker.yielded(stream.fed)
-        hashes = self.hashes(first_tensor(batch))
+        with outside_torch_modes():
+            hashes = self.hashes(first_tensor(batch))
         stream.last_hashes = hashes
         if hashes:
             stream.add(hashes)

@@ -30,6 +30,7 @@ from ddpdoctor.rank.probes import sharding as sharding_probe
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import BufferFingerprint, DDPUsage, DDPWrap, InternalPhase
 from ddpdoctor.schema.sampling import should_fingerprint
 
@@ -165,15 +166,17 @@ def _wrap_forward(original: Callable) -> Callable:
         state = STATE_OF.get(self)
         if state is None or module_calls.traced():  # built before the probes, or traced by a compiler
             return original(self, *inputs, **kwargs)
-        for before in BEFORE_FORWARD:
-            before(self, state, inputs, kwargs)
+        with outside_torch_modes():
+            for before in BEFORE_FORWARD:
+                before(self, state, inputs, kwargs)
         output = None
         try:
             output = original(self, *inputs, **kwargs)
             return output
         finally:
-            for after in AFTER_FORWARD:
-                after(self, state, output)
+            with outside_torch_modes():
+                for after in AFTER_FORWARD:
+                    after(self, state, output)
 
     module_calls.skip_in_dynamo(forward)
     return forward
@@ -257,6 +260,11 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
+    with outside_torch_modes():
+        _note_grad(rec, state, index, param)
+
+
+def _note_grad(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
     if not state.fired and rec.clock.phase.name != InternalPhase.DDP_BACKWARD:
         # The first gradient of a backward: DDP's bucket all-reduces now belong to it. No clock read
         # here: this may be an autograd thread; the next observation on the main thread books them.

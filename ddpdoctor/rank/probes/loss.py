@@ -36,6 +36,7 @@ import torch
 from ddpdoctor.rank import callsite
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import LossWindow
 
 PROBE = "loss"
@@ -340,8 +341,10 @@ def install(rec: Recorder) -> Callable[[], None]:
                     result = original(*args, **kwargs)
                 finally:
                     _depth[0] -= 1
-                if torch.is_grad_enabled() and getattr(result, "requires_grad", False):
-                    with rec.guard(PROBE, fn):
+                with outside_torch_modes():
+                    recorded = torch.is_grad_enabled() and getattr(result, "requires_grad", False)
+                if recorded:
+                    with rec.guard(PROBE, fn), outside_torch_modes():
                         _record_call(fn, result, args, kwargs)
                 return result
 
@@ -355,7 +358,7 @@ def install(rec: Recorder) -> Callable[[], None]:
     def wrap_backward(original: Any) -> Any:
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
             if not torch.compiler.is_compiling() and _WINDOW.sampled:
-                with rec.guard(PROBE, "backward"):
+                with rec.guard(PROBE, "backward"), outside_torch_modes():
                     _WINDOW.backwards += 1
                     site = callsite.user_frames(sys._getframe(1), 1)
                     if not _WINDOW.backward_at:

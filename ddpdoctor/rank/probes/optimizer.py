@@ -43,6 +43,7 @@ from ddpdoctor.rank.probes import wrapping
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.probes.sidetable import SideTable
 from ddpdoctor.rank.recorder import Recorder, StepTiming
+from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import ConfigState, OptimizerInfo, ReplacedParams, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.sampling import should_fingerprint
@@ -175,12 +176,12 @@ def install(rec: Recorder) -> Callable[[], None]:
         rec.set_activity("training")
 
     def pre_hook(optimizer, args, kwargs):
-        with rec.guard(PROBE, "step"):
+        with rec.guard(PROBE, "step"), outside_torch_modes():
             rec.clock.enter(Phase())  # the backward's all-reduces are booked to it; the step is not DDP's
             before_step(optimizer, args, kwargs)
 
     def post_hook(optimizer, args, kwargs):
-        with rec.guard(PROBE, "step"):
+        with rec.guard(PROBE, "step"), outside_torch_modes():
             after_step(optimizer)
         bounds.after_step(rec)  # --max-steps: raises RunCut into the script at this step boundary
 

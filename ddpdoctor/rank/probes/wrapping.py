@@ -39,6 +39,7 @@ from ddpdoctor.rank.probes import ddp as ddp_probe
 from ddpdoctor.rank.probes import module_calls
 from ddpdoctor.rank.probes.patching import patch
 from ddpdoctor.rank.recorder import Recorder
+from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import CommHook, DDPBypass, DDPRewrap, ModuleConversion, Unfrozen
 
 PROBE = "wrapping"
@@ -322,7 +323,7 @@ def _queue_snapshot(rec: Recorder, engine, index: int) -> None:
 
 
 def _snapshot(rec: Recorder, index: int) -> None:
-    with rec.guard(PROBE, "reduced gradients"):
+    with rec.guard(PROBE, "reduced gradients"), outside_torch_modes():
         wrapped = WRAPPED.get(index)
         if wrapped is None:
             return
