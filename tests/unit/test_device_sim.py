@@ -732,3 +732,82 @@ def test_fsdp1_full_state_dict_offloaded_to_the_cpu_keeps_the_parameters(sim, on
     assert type(FullyShardedDataParallel.__dict__["set_state_dict_type"]) is staticmethod
     model.set_state_dict_type(model, StateDictType.FULL_STATE_DICT)  # still a staticmethod on an instance
     assert last_event(sim)["calls"]["FSDP state dict offload_to_cpu->in place"] == 1
+
+
+_STEP_SCRIPT = """
+import hashlib, json, sys
+import torch, torch.nn as nn
+simulated = sys.argv[1] == "simulate"
+if simulated:
+    from ddpdoctor.rank import devicesim
+    from ddpdoctor.rank.devicesim.mode import CpuDeviceMode
+    from ddpdoctor.rank.recorder import Recorder
+    from ddpdoctor.schema.settings import RankSettings
+    calls = []
+    dispatch = CpuDeviceMode.__torch_function__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    CpuDeviceMode.__torch_function__ = counted
+    finish = devicesim.install(Recorder(RankSettings(evidence_dir=sys.argv[2])), mode="simulate", nproc_per_node=1)
+device = "cuda" if simulated else "cpu"
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+out = {}
+for step in range(3):
+    model(torch.ones(3, 16, device=device)).sum().backward()
+    before = len(calls) if simulated else 0
+    optimizer.step()
+    if simulated:
+        out["dispatched in a step"] = len(calls) - before
+digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+out["parameters"] = digest
+if simulated:
+    made = []
+    optimizer.register_step_pre_hook(lambda o, a, k: made.append(torch.zeros(1, device="cuda")))
+    optimizer.step()
+    lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=2)
+
+    def closure():
+        lbfgs.zero_grad()
+        loss = model(torch.ones(3, 16, device="cuda")).sum()
+        loss.backward()
+        return loss
+
+    lbfgs.step(closure)
+
+    class Mine(torch.optim.SGD):
+        def step(self, closure=None):
+            self.extra = torch.zeros(1, device="cuda")
+            return super().step(closure)
+
+    mine = Mine(model.parameters(), lr=0.1)
+    mine.step()
+    out.update(hook=len(made), mine=str(mine.extra.device))
+    finish()
+print(json.dumps(out))
+"""
+
+
+def test_a_builtin_optimizers_step_runs_outside_the_simulations_mode(tmp_path):
+    """AdamW's step body makes no call through the simulation's mode (only the profiler's
+    record_function around it does) and steps the parameters bit for bit as on the CPU without
+    simulation; a step hook of the script's, an LBFGS closure and an optimizer class of the
+    script's own still place tensors on "cuda" (inside the mode). A fresh interpreter: each class's
+    step is wrapped at its first instance."""
+    import subprocess
+    import sys
+
+    results = {}
+    for mode in ("simulate", "native"):
+        out = subprocess.run([sys.executable, "-c", _STEP_SCRIPT, mode, str(tmp_path)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    simulated = results["simulate"]
+    assert simulated["dispatched in a step"] <= 2
+    assert simulated["parameters"] == results["native"]["parameters"]
+    assert simulated["hook"] == 1 and simulated["mine"] == "cpu"

@@ -58,7 +58,7 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
     if not decision.active:
         return ledger.emit
     from ddpdoctor.rank.devicesim import amp, cuda_api, distributed, syncbn
-    from ddpdoctor.rank.devicesim.mode import CpuDeviceMode, wrap_load, wrap_pin_memory
+    from ddpdoctor.rank.devicesim.mode import CpuDeviceMode, wrap_load, wrap_pin_memory, wrap_profile_hook_step
     from ddpdoctor.rank.probes.patching import patch
 
     import torch
@@ -72,6 +72,7 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
         patch(rec, "device", owner, "load", wrap_load(ledger))
     patch(rec, "device", pin_memory_module, "pin_memory", wrap_pin_memory(ledger))
     cpu_mode = CpuDeviceMode(ledger, lambda: devices.count)
+    patch(rec, "device", torch.optim.Optimizer, "profile_hook_step", wrap_profile_hook_step(cpu_mode))
     cpu_mode.__enter__()
 
     def finish() -> None:
