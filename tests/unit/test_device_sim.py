@@ -786,7 +786,16 @@ if simulated:
 
     mine = Mine(model.parameters(), lr=0.1)
     mine.step()
-    out.update(hook=len(made), mine=str(mine.extra.device))
+
+    class KeepsStep(torch.optim.AdamW):  # AdamW's step, with a helper of the script's inside it
+        def _init_group(self, *args, **kwargs):
+            self.extra = torch.zeros(1, device="cuda")
+            return super()._init_group(*args, **kwargs)
+
+    keeps = KeepsStep(model.parameters())
+    model(torch.ones(3, 16, device="cuda")).sum().backward()
+    keeps.step()
+    out.update(hook=len(made), mine=str(mine.extra.device), keeps=str(keeps.extra.device))
     finish()
 print(json.dumps(out))
 """
@@ -795,8 +804,9 @@ print(json.dumps(out))
 def test_a_builtin_optimizers_step_runs_outside_the_simulations_mode(tmp_path):
     """AdamW's step body makes no call through the simulation's mode (only the profiler's
     record_function around it does) and steps the parameters bit for bit as on the CPU without
-    simulation; a step hook of the script's, an LBFGS closure and an optimizer class of the
-    script's own still place tensors on "cuda" (inside the mode). A fresh interpreter: each class's
+    simulation; a step hook of the script's, an LBFGS closure, an optimizer class of the script's
+    own and a subclass of AdamW that keeps its step but overrides a helper still place tensors on
+    "cuda" (inside the mode). A fresh interpreter: each class's
     step is wrapped at its first instance."""
     import subprocess
     import sys
@@ -810,4 +820,4 @@ def test_a_builtin_optimizers_step_runs_outside_the_simulations_mode(tmp_path):
     simulated = results["simulate"]
     assert simulated["dispatched in a step"] <= 2
     assert simulated["parameters"] == results["native"]["parameters"]
-    assert simulated["hook"] == 1 and simulated["mine"] == "cpu"
+    assert simulated["hook"] == 1 and simulated["mine"] == simulated["keeps"] == "cpu"

@@ -179,8 +179,9 @@ def wrap_profile_hook_step(cpu_mode: CpuDeviceMode) -> Callable[[Any], Any]:
     (0.7 µs against 0.04; issue #34). Only the body is outside the mode: the step hooks (the script's
     included) run inside it as before. The mode stays for a step given arguments (a closure runs the
     script's forward and backward, as LBFGS's does), for a class of the script's own or another
-    library's (its ``step`` may place tensors on "cuda"), for ZeroRedundancyOptimizer (in
-    torch.distributed.optim), under torch.compile, and when a mode of the script's is innermost."""
+    library's, even one that keeps a built-in step (what it overrides may place tensors on "cuda"),
+    for ZeroRedundancyOptimizer (in torch.distributed.optim), under torch.compile, and when a mode
+    of the script's is innermost."""
 
     def wrap(original):
         def profile_hook_step(func):
@@ -191,13 +192,21 @@ def wrap_profile_hook_step(cpu_mode: CpuDeviceMode) -> Callable[[Any], Any]:
     return wrap
 
 
+def _builtin(owner: Any) -> bool:
+    """Whether a function or class is torch.optim's own (not a subclass or an override of the script's)."""
+    return str(getattr(owner, "__module__", "")).startswith("torch.optim.")
+
+
 def _step_outside(func: Callable[..., Any], cpu_mode: CpuDeviceMode) -> Callable[..., Any]:
-    if not str(getattr(func, "__module__", "")).startswith("torch.optim."):
+    """``func`` (a class's step), run outside the mode when it and the stepped optimizer's class are
+    torch.optim's own: a subclass of the script's that keeps AdamW's step may override what it calls."""
+    if not _builtin(func):
         return func
 
     @functools.wraps(func)
     def step(*args, **kwargs):
-        if len(args) != 1 or kwargs or torch.compiler.is_compiling() or not on_top(cpu_mode):
+        if (len(args) != 1 or kwargs or not _builtin(type(args[0])) or torch.compiler.is_compiling()
+                or not on_top(cpu_mode)):
             return func(*args, **kwargs)
         with _pop_mode_temporarily():
             return func(*args, **kwargs)
