@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import textwrap
 import pytest
 
 from ddpdoctor.rank.gc_pause import gc_paused
+from one_rank import free_port
 
 SCRIPT = textwrap.dedent("""
     import gc, json, os, sys, weakref
@@ -60,15 +60,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_no_collection_runs_inside_torchs_imports_torchs_objects_are_frozen_and_the_collector_runs_after(tmp_path):
     env = {**os.environ, "DDPDOCTOR_EVIDENCE_DIR": str(tmp_path), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port())}
+           "MASTER_PORT": str(free_port())}
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])

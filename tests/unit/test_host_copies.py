@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -24,6 +21,7 @@ from ddpdoctor.rank.probes import optimizer as optimizer_probe
 from ddpdoctor.rank.probes import patching
 from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.settings import RankSettings
+from one_rank import run_one_rank
 
 
 class _Event:
@@ -197,21 +195,9 @@ _DDP_SCRIPT = textwrap.dedent("""
 def _run_ddp(tmp_path, mode: str) -> dict[str, list[dict]]:
     """The script above under every probe, its values handed over at once or later: its events by
     kind, in order, without what differs from run to run (wall times, the environment)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    evidence = tmp_path / mode
-    env = {**os.environ, "EVIDENCE": str(evidence), "DDPDOCTOR_EVIDENCE_DIR": str(evidence),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    out = subprocess.run([sys.executable, "-c", _DDP_SCRIPT, mode], capture_output=True, text=True, timeout=120,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (name,) = [n for n in os.listdir(evidence) if n.startswith("events")]
+    _, events = run_one_rank(_DDP_SCRIPT, mode, evidence=tmp_path / mode)
     kinds: dict[str, list[dict]] = {}
-    for line in open(evidence / name):
-        event = json.loads(line)
-        if event["kind"] == "environment":  # the rendezvous port, among others
-            continue
+    for event in events:
         # a content window closes when the next forward's rows arrive: later, by the collectives in between
         varying = {"t", "timing", "pid", *(("seq",) if event["kind"] == "content_pass" else ())}
         kinds.setdefault(event["kind"], []).append({k: v for k, v in event.items() if k not in varying})

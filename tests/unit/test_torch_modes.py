@@ -5,16 +5,13 @@ ddpdoctor, and the evidence is the same with the script's mode on or off."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
 from ddpdoctor.rank.torch_modes import outside_torch_modes
+from one_rank import run_one_rank
 
 _SCRIPT = textwrap.dedent("""
     import json, os, sys
@@ -63,25 +60,13 @@ _SCRIPT = textwrap.dedent("""
 
 def _run(tmp_path, probed: bool, counted: bool) -> tuple[int, dict[str, list[dict]]]:
     """The script above: the calls its mode saw, and its evidence by kind (without what varies run to run)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    evidence = tmp_path / f"{probed}-{counted}"
-    env = {**os.environ, "EVIDENCE": str(evidence), "DDPDOCTOR_EVIDENCE_DIR": str(evidence),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, "probes" if probed else "plain",
-                          "counted" if counted else "quiet"], capture_output=True, text=True, timeout=120, env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    calls = json.loads(out.stdout.strip().splitlines()[-1])["calls"]
+    stdout, events = run_one_rank(_SCRIPT, "probes" if probed else "plain", "counted" if counted else "quiet",
+                                  evidence=tmp_path / f"{probed}-{counted}")
     kinds: dict[str, list[dict]] = {}
-    if probed:
-        (name,) = [n for n in os.listdir(evidence) if n.startswith("events")]
-        for line in open(evidence / name):
-            event = json.loads(line)
-            if event["kind"] != "environment":  # the rendezvous port, among others
-                varying = {"t", "timing", "pid", "seq"}
-                kinds.setdefault(event["kind"], []).append({k: v for k, v in event.items() if k not in varying})
-    return calls, kinds
+    for event in events:
+        kinds.setdefault(event["kind"], []).append({k: v for k, v in event.items()
+                                                    if k not in {"t", "timing", "pid", "seq"}})
+    return json.loads(stdout.strip().splitlines()[-1])["calls"], kinds
 
 
 def test_the_scripts_own_mode_sees_its_calls_only_and_the_evidence_does_not_change(tmp_path):

@@ -163,7 +163,7 @@ def wrap_pin_memory(ledger: Ledger) -> Callable[[Any], Any]:
     return wrap
 
 
-def on_top(mode: TorchFunctionMode) -> bool:
+def _on_top(mode: TorchFunctionMode) -> bool:
     """Whether ``mode`` is the innermost torch function mode of this thread (no mode of the script's
     was pushed after it)."""
     depth = torch._C._len_torch_function_stack()
@@ -206,7 +206,7 @@ def _step_outside(func: Callable[..., Any], cpu_mode: CpuDeviceMode) -> Callable
     @functools.wraps(func)
     def step(*args, **kwargs):
         if (len(args) != 1 or kwargs or not _builtin(type(args[0])) or torch.compiler.is_compiling()
-                or not on_top(cpu_mode)):
+                or not _on_top(cpu_mode)):
             return func(*args, **kwargs)
         with _pop_mode_temporarily():
             return func(*args, **kwargs)

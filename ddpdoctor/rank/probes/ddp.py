@@ -260,11 +260,6 @@ def _attach(rec: Recorder, ddp: DistributedDataParallel) -> None:
 
 
 def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
-    with outside_torch_modes():
-        _note_grad(rec, state, index, param)
-
-
-def _note_grad(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) -> None:
     if not state.fired and rec.clock.phase.name != InternalPhase.DDP_BACKWARD:
         # The first gradient of a backward: DDP's bucket all-reduces now belong to it. No clock read
         # here: this may be an autograd thread; the next observation on the main thread books them.
@@ -273,7 +268,7 @@ def _note_grad(rec: Recorder, state: DDPState, index: int, param: torch.Tensor) 
     rec.progress += 1
     state.arrived += 1
     if loss_probe.sampling():  # global-batch: this parameter's local gradient, before DDP averages it
-        with rec.guard(loss_probe.PROBE, "local gradient"):
+        with rec.guard(loss_probe.PROBE, "local gradient"), outside_torch_modes():
             loss_probe.record_grad(state.index, index, len(state.names), param.grad)
     timing = rec.timing
     if timing.backward is None:

@@ -342,10 +342,9 @@ def install(rec: Recorder) -> Callable[[], None]:
                 finally:
                     _depth[0] -= 1
                 with outside_torch_modes():
-                    recorded = torch.is_grad_enabled() and getattr(result, "requires_grad", False)
-                if recorded:
-                    with rec.guard(PROBE, fn), outside_torch_modes():
-                        _record_call(fn, result, args, kwargs)
+                    if torch.is_grad_enabled() and getattr(result, "requires_grad", False):
+                        with rec.guard(PROBE, fn):
+                            _record_call(fn, result, args, kwargs)
                 return result
 
             return loss
