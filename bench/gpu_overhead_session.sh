@@ -9,7 +9,8 @@
 # PARTS: tests (the host-copy unit tests on CUDA), checks (GPU fixtures), kinds (bench/step_kinds.py
 # on the full GPT: host CPU and mean wall step per step kind, then a profile by own time), trace
 # (torch.profiler over five steps of each kind: every thread's ops, the kernels by device time), steps
-# (bench/gpu.py: the GPT job's mean step, plain against ddpdoctor, and the earlier build if given).
+# (bench/gpu.py: the GPT job's mean step, plain against ddpdoctor, and the earlier build if given;
+# ROUNDS of them, 3 unless set), in that order.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BEFORE=${1:-}
@@ -28,7 +29,32 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 
 if want tests; then
     echo "== the host copies on a GPU (unit tests)"
-    timeout 120 python3 -m pytest -q -n 0 -p no:cacheprovider tests/unit/test_host_copies.py 2>&1 | tail -3
+    timeout 150 python3 -m pytest -q -n 0 -p no:cacheprovider tests/unit/test_host_copies.py \
+        tests/unit/test_fused_word_sums.py 2>&1 | tail -3
+    echo "== a fingerprint's host time on the GPT's 149 tensors: the fused kernel against a kernel per tensor"
+    timeout 120 python3 - <<'PY'
+import statistics, sys, time
+import torch
+sys.path.insert(0, "bench")
+from gpt_step import GPT
+from ddpdoctor.rank import fingerprint as fp, fused_word_sums as fused
+params = list(GPT(vocab=32000, width=768, depth=12, heads=12, context=512).cuda().parameters())
+for p in params:
+    p.grad = torch.randn_like(p)
+began = time.perf_counter(); fp.resolve(fp.start(params)); print(f"first call (compiles): {time.perf_counter() - began:.2f} s")
+for options in ({}, {"sampled": True}, {"also_sampled": True}):
+    values = {}
+    for name in ("fused", "per tensor"):
+        fused._failure = None if name == "fused" else RuntimeError("off")
+        fp.resolve(fp.start(params, **options)); torch.cuda.synchronize()
+        host = []
+        for _ in range(30):
+            began = time.perf_counter(); pending = fp.start(params, **options); host.append(time.perf_counter() - began)
+            values[name] = fp.resolve(pending, *([pending.sample] if pending.sample else []))
+        print(f"{options or 'full'} {name}: host {statistics.median(host) * 1e3:.3f} ms per call")
+    assert values["fused"] == values["per tensor"], "the fused sums differ"
+print("fused == per tensor: ok")
+PY
 fi
 
 check() {  # check NAME ARGS...: one ddpdoctor run; its screen and JSON report under $OUT
@@ -57,21 +83,21 @@ if want checks; then
     check amp "$F/gpu_amp.py" -n 1 --device native --fingerprint-every 1
     check trainer_bug "$F/gpu_trainer.py" -n 1 --device native -- --total-epochs 2 --bug set-epoch
 fi
+if want steps; then
+    echo "== the GPT job's mean step"
+    timeout 400 python3 bench/gpu.py --rounds ${ROUNDS:-3} --steps 110 --steps-only --out "$OUT/gpu.json" \
+        ${BEFORE:+--before-site /tmp/before-site} 2>&1 | tee "$OUT/gpu-bench.txt"
+fi
+if want trace; then
+    echo "== torch.profiler of the full GPT per step kind (autograd's thread and the kernels)"
+    timeout 180 python3 bench/step_kinds.py --model gpt-cuda --steps 30 --rounds 1 --torch-profile \
+        >"$OUT/trace.txt" 2>&1
+    grep -A62 "fingerprint every step" "$OUT/trace.txt" | head -64
+fi
 if want kinds; then
     echo "== host CPU and mean wall step per step kind, the full GPT on the GPU"
     timeout 150 python3 bench/step_kinds.py --model gpt-cuda --steps 60 --rounds 1 2>&1 | tee "$OUT/kinds.txt"
     STEP_KINDS_SORT=tottime timeout 150 python3 bench/step_kinds.py --model gpt-cuda --steps 40 --rounds 1 --profile \
         >"$OUT/kinds-profile.txt" 2>&1
     sed -n '/fingerprint every step/,$p' "$OUT/kinds-profile.txt" | head -40
-fi
-if want trace; then
-    echo "== torch.profiler of the full GPT per step kind (autograd's thread and the kernels)"
-    timeout 180 python3 bench/step_kinds.py --model gpt-cuda --steps 30 --rounds 1 --torch-profile \
-        >"$OUT/trace.txt" 2>&1
-    grep -A30 "fingerprint every step" "$OUT/trace.txt" | head -40
-fi
-if want steps; then
-    echo "== the GPT job's mean step"
-    timeout 400 python3 bench/gpu.py --rounds 3 --steps 110 --steps-only --out "$OUT/gpu.json" \
-        ${BEFORE:+--before-site /tmp/before-site} 2>&1 | tee "$OUT/gpu-bench.txt"
 fi

@@ -108,8 +108,8 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
             traced.step()
         if traced is not None and i == 20:
             traced.stop()
-            sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-            print(traced.key_averages().table(sort_by=sort, row_limit=25), flush=True)
+            for sort in (["self_cuda_time_total"] if cuda else []) + ["self_cpu_time_total"]:
+                print(traced.key_averages().table(sort_by=sort, row_limit=25), flush=True)
     if cuda:
         torch.cuda.synchronize()
     print(f"LOOP_MEAN_MS {(time.perf_counter() - window) * 1e3 / max(1, len(times) - 10):.2f}", flush=True)

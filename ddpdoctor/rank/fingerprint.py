@@ -9,8 +9,10 @@ other changes cancel it exactly), including the last-bit drift that a rank-depen
 (clipping with another thread count, a rank-dependent learning rate) leaves in the weights, which
 a float norm rounds away. Viewing a float tensor's bytes as int64 is a no-op view, and summing
 int64 runs at memory speed on the CPU, unlike a norm and a max (two reads) or a float64
-accumulation. Small tensors (layer norms, biases) are summed together in a few kernels, so a
-model of many small tensors does not pay a kernel launch for each on a GPU.
+accumulation. On a GPU with Triton, one kernel sums every tensor of a call
+(:mod:`ddpdoctor.rank.fused_word_sums`: a host launch costs more than the read of a small tensor, and
+a fingerprinted step's launches used to outlast the device's step); elsewhere, small tensors (layer
+norms, biases) are summed together in a few kernels and big ones each by its own.
 
 A sampled fingerprint (``start(..., sampled=True)``) sums only a strided sample of a big tensor's
 words, 128 bytes in every 8 KiB, at a tenth of a full read's time; small tensors are summed
@@ -34,6 +36,8 @@ from typing import Optional, Sequence
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from ddpdoctor.rank import fused_word_sums
 
 Fingerprint = Optional[list]  # [word sum] or None for a missing tensor (e.g. grad is None)
 
@@ -154,39 +158,86 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
     """Launch the fingerprint kernels of ``tensors`` without waiting for them; ``sampled``: the
     sampled fingerprint of big tensors (see the module's docstring), comparable only with another
     sampled one; ``also_sampled``: the full ones, and the sampled ones in ``.sample``, from one
-    pass over the tensors (small tensors are summed once for both)."""
-    own: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # a kernel each
-    own_sampled: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-    small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
+    pass over the tensors (small tensors are summed once for both). On a GPU, the contiguous
+    tensors whose bytes start and end on 8-byte boundaries are summed by one kernel per device
+    (:mod:`ddpdoctor.rank.fused_word_sums`) where Triton is there."""
+    kernels = _Kernels(sampled, also_sampled)
+    fused: dict[torch.device, list[tuple[int, torch.Tensor, int, int]]] = defaultdict(list)  # one kernel for all
     fixed: dict[int, list] = {}
+    fused_types = fused_word_sums.DEVICE_TYPES
     for i, given in enumerate(tensors):
-        t = readable(given) if given is not None else None
+        t = given if type(given) in _PLAIN else readable(given) if given is not None else None
         if t is None:
             fixed[i] = None
             continue
         if t.is_meta or not t.numel():
             fixed[i] = [0]
             continue
+        if t.device.type in fused_types and t.layout == torch.strided and t.is_contiguous():
+            address, size = t.data_ptr(), t.numel() * t.element_size()
+            if not address % 8 and not size % 8:  # its bytes as words, read where they are
+                fused[t.device].append((i, t, address, size // 8))
+                continue
+        kernels.add(i, t)
+    mode = "both" if also_sampled else "sampled" if sampled else "full"
+    fused_sums: dict[torch.device, tuple[list[int], tuple[torch.Tensor, Optional[torch.Tensor]]]] = {}
+    for device, entries in fused.items():
+        launched = _fused(device, [address for _, _, address, _ in entries], [n for _, _, _, n in entries], mode)
+        if launched is None:  # no fused kernel here: the per-tensor kernels, as on any device
+            for i, t, _, _ in entries:
+                kernels.add(i, t)
+        else:
+            fused_sums[device] = ([i for i, _, _, _ in entries], launched)
+    small_sums = {device: _small_sums([w for _, w in entries]) for device, entries in kernels.small.items()}
+    pending = Pending(len(tensors), _parts(kernels.own, kernels.small, small_sums)
+                      + [(positions, sums) for positions, (sums, _) in fused_sums.values()], fixed)
+    if also_sampled:
+        pending.sample = Pending(len(tensors), _parts(kernels.own_sampled, kernels.small, small_sums)
+                                 + [(positions, sums) for positions, (_, sums) in fused_sums.values()  # type: ignore[misc]
+                                    ], fixed)
+    return pending
+
+
+class _Kernels:
+    """The per-tensor path: a kernel per big tensor, small ones summed together per device."""
+
+    def __init__(self, sampled: bool, also_sampled: bool) -> None:
+        self.sampled, self.also_sampled = sampled, also_sampled
+        self.own: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # a kernel each
+        self.own_sampled: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+        self.small: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)  # summed together
+
+    def add(self, i: int, t: torch.Tensor) -> None:
+        """Launch (or queue, for a small tensor) the sums of tensor ``t`` at position ``i``."""
         t = t.detach()
         if t.is_complex():
             t = torch.view_as_real(t)
         words = _aligned_words(t)
         if words is None:
             total = _unaligned_word_sum(t)
-            own[t.device].append((i, total))
-            own_sampled[t.device].append((i, total))
+            self.own[t.device].append((i, total))
+            self.own_sampled[t.device].append((i, total))
         elif words.numel() < _SMALL_WORDS:
-            small[t.device].append((i, words))
-        elif also_sampled:
-            own[t.device].append((i, words.sum()))
-            own_sampled[t.device].append((i, _sampled_word_sum(words)))
+            self.small[t.device].append((i, words))
+        elif self.also_sampled:
+            self.own[t.device].append((i, words.sum()))
+            self.own_sampled[t.device].append((i, _sampled_word_sum(words)))
         else:
-            own[t.device].append((i, _sampled_word_sum(words) if sampled else words.sum()))
-    small_sums = {device: _small_sums([w for _, w in entries]) for device, entries in small.items()}
-    pending = Pending(len(tensors), _parts(own, small, small_sums), fixed)
-    if also_sampled:
-        pending.sample = Pending(len(tensors), _parts(own_sampled, small, small_sums), fixed)
-    return pending
+            self.own[t.device].append((i, _sampled_word_sum(words) if self.sampled else words.sum()))
+
+
+def _fused(device: torch.device, addresses: list[int], sizes: list[int],
+           mode: str) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """The fused kernel's sums of the words at ``addresses`` on a GPU, or None where it cannot run
+    (no Triton, a CUDA graph being captured, a failure: then never again in this process)."""
+    if not fused_word_sums.available() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        return None
+    try:
+        return fused_word_sums.word_sums(device, addresses, sizes, mode, small=_SMALL_WORDS, stride=_SAMPLE_STRIDE,
+                                         run=_SAMPLE_RUN)
+    except Exception as exc:  # a compiler or launch failure: the per-tensor kernels from now on
+        fused_word_sums.disable(exc)
+        return None
 
 
 def _parts(own: dict[torch.device, list[tuple[int, torch.Tensor]]],

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import pytest
+from ci_gate import skip_or_fail_in_ci  # noqa: F401  (the integration tests import it from here)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 OUR_MODULES = ("ddpdoctor/rank/bootstrap.py", "ddpdoctor/rank/agent.py", "ddpdoctor check", "-m ddpdoctor")
@@ -33,15 +34,6 @@ def ddpdoctors_own(temp_left: list[str]) -> list[str]:
     """Of the names a run left in its temporary directory, ddpdoctor's own (``ddpdoctor-*`` evidence
     folders, the ``ddpdoctor`` folder of kept torchrun logs)."""
     return [name for name in temp_left if name.startswith("ddpdoctor")]
-
-
-def skip_or_fail_in_ci(reason: str) -> None:
-    """Skip a test whose real dependency (Slurm's daemons, network namespaces, a test extra) this
-    machine lacks; under CI (``CI`` set, as .ci/run sets it) fail instead: there a skip would hide
-    that the real launcher or tool was never exercised."""
-    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
-        pytest.fail(f"required under CI={os.environ['CI']!r}, but unavailable: {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 @dataclass

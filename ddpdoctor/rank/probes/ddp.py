@@ -267,7 +267,8 @@ def _grad_arrived(rec: Recorder, state: DDPState, index: int, param: torch.Tenso
     state.fired.add(index)
     rec.progress += 1
     state.arrived += 1
-    if loss_probe.sampling():  # global-batch: this parameter's local gradient, before DDP averages it
+    if loss_probe.sampling() and loss_probe.samples(index, len(state.names)):
+        # global-batch: this parameter's local gradient, before DDP averages it
         with rec.guard(loss_probe.PROBE, "local gradient"), outside_torch_modes():
             loss_probe.record_grad(state.index, index, len(state.names), param.grad)
     timing = rec.timing

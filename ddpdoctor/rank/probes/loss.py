@@ -237,15 +237,25 @@ def sampling() -> bool:
     return _WINDOW.sampled
 
 
+def samples(position: int, parameters: int) -> bool:
+    """Whether the parameter at ``position`` of ``parameters`` is one whose local gradient is
+    sampled: every k-th by position, at most :data:`MAX_SAMPLED_PARAMETERS` (a cheap test the ddp
+    probe makes before anything else, at every gradient of a sampled backward)."""
+    return not position % _stride(parameters)
+
+
+def _stride(parameters: int) -> int:
+    return max(1, -(-parameters // MAX_SAMPLED_PARAMETERS))
+
+
 def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.Tensor]) -> None:
     """A sample of a parameter's local gradient right after this backward accumulated it, before
     DDP's all-reduce (its first coordinates: the same on every rank); one of ``parameters``, of which
-    every k-th by position is sampled (:data:`MAX_SAMPLED_PARAMETERS`)."""
-    stride = max(1, -(-parameters // MAX_SAMPLED_PARAMETERS))
-    if grad is None or position % stride or torch.compiler.is_compiling():
+    every k-th by position is sampled (:func:`samples`)."""
+    if grad is None or not samples(position, parameters) or torch.compiler.is_compiling():
         return
     window = _WINDOW
-    sampled = -(-parameters // stride)
+    sampled = -(-parameters // _stride(parameters))
     k = max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, sampled), grad.numel()))
     with torch.no_grad():
         sample = grad.detach().reshape(-1)[:k].to(torch.float64, copy=True)

@@ -34,6 +34,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ddpdoctor.rank import bounds, callsite, update_size
 from ddpdoctor.rank import fingerprint as fingerprints
+from ddpdoctor.rank import fused_word_sums
 from ddpdoctor.rank.clock import Phase
 from ddpdoctor.rank.probes import config as config_probe
 from ddpdoctor.rank.probes import ddp as ddp_probe
@@ -162,6 +163,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         if state.sampled:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 fingerprinted = _fingerprint_step(rec, state, optimizer, step)
+            failed_kernel = fused_word_sums.launch_failure()
+            if failed_kernel is not None:  # the fingerprints are right, from the per-tensor kernels
+                rec.probe_failed(PROBE, failed_kernel, target="fused fingerprint kernel")
         if not fingerprinted:  # in order behind the steps whose fingerprints are on their way
             rec.host_copies.later([], lambda _: rec.emit_stamped(step))
         state.pending_grads = state.reduced = state.scale = state.config = state.written = None
