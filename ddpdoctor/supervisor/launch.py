@@ -140,7 +140,6 @@ def _rank_env(config: RunConfig, evidence_dir: str, *, keep_launcher_vars: bool)
                                      flight_recorder_dumps=config.keep_evidence is not None,
                                      one_rank_role=config.one_rank_role, one_rank_dir=config.one_rank_dir,
                                      one_rank_steps=config.against_one_rank or 0).to_env())
-    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun would set, without its banner
     env["PYTHONUNBUFFERED"] = "1"  # rank output shows up live, not at exit
     env.update(config.extra_env)
     if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
@@ -159,6 +158,12 @@ def build_plan(config: RunConfig, script: str, evidence_dir: str, *,
         return LaunchPlan(mode=mode, commands=[bootstrap], world_size=existing.world_size, env=env, existing=existing,
                           scheduler=scheduler)
     env = _rank_env(config, evidence_dir, keep_launcher_vars=False)
+    if mode == "torchrun" and (config.nproc_per_node > 1 or config.one_rank_role == "replay"):
+        # What torchrun itself sets where it starts several processes per node, here without its banner;
+        # and --against-one-rank's replay, to run with the threads its ranks had. Nowhere else: a
+        # one-process node, the script's own mp.spawn and an existing launch keep the intra-op threads
+        # they have without ddpdoctor.
+        env.setdefault("OMP_NUM_THREADS", "1")
     if mode == "spawn":
         if config.launch == "auto":  # guessed from the source: the launcher may still ask for torchrun
             env[settings.SPAWN_GUESSED] = "1"
