@@ -73,6 +73,7 @@ def main() -> None:
     times = []
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     window_start = 0.0
+    host = []  # each step's start on the host clock, in the window: the host runs ahead unless it waits
     for step in range(args.steps):
         tokens = torch.randint(0, 32000, (args.batch, args.context + 1), device=device, generator=generator)
         if step == args.warmup:
@@ -81,6 +82,8 @@ def main() -> None:
         if args.sync_every_step:
             synchronize()
         start = time.perf_counter()
+        if step >= args.warmup:
+            host.append(start)
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
@@ -93,9 +96,14 @@ def main() -> None:
                 times.append((time.perf_counter() - start) * 1000)
     synchronize()
     mean_ms = (time.perf_counter() - window_start) * 1000 / max(1, args.steps - args.warmup)
+    # The host's time between step starts: near the device's step where the host keeps it busy; a
+    # stall (a wait, a collection, a compile) shows as one long interval, a slow host as all of them.
+    intervals = sorted((b - a) * 1000 for a, b in zip(host, host[1:]))
+    host_ms = {"median": intervals[len(intervals) // 2], "p90": intervals[len(intervals) * 9 // 10],
+               "max": intervals[-1]} if intervals else {}
     if dist.get_rank() == 0:
         print("STEP_TIMES_MS " + json.dumps({"params": params, "tensors": len(list(model.parameters())),
-                                             "mean_ms": mean_ms, "times": times}), flush=True)
+                                             "mean_ms": mean_ms, "host_ms": host_ms, "times": times}), flush=True)
     dist.destroy_process_group()
 
 

@@ -152,8 +152,12 @@ def bench_steps(rounds: int, steps: int, before_site: Optional[str] = None) -> d
                     env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
                 proc = subprocess.run([*command, "--steps", str(steps)], capture_output=True, text=True, env=env,
                                       cwd=cwd, timeout=600)
-                means[name].append(_step_result(proc.stdout + proc.stderr)["mean_ms"])
-                print(f"{name}: {means[name][-1]:.2f} ms", flush=True)
+                result = _step_result(proc.stdout + proc.stderr)
+                means[name].append(result["mean_ms"])
+                host = result.get("host_ms") or {}
+                spread = (f" (host's step median {host['median']:.2f}, p90 {host['p90']:.2f}, "
+                          f"max {host['max']:.2f} ms)") if host else ""
+                print(f"{name}: {means[name][-1]:.2f} ms{spread}", flush=True)
     base = statistics.median(means["plain torchrun"])
     rows = [[name, *[f"{v:.2f}" for v in values], f"{statistics.median(values):.2f}",
              f"{statistics.median(values) / base:.3f}"] for name, values in means.items()]

@@ -5,7 +5,7 @@ main thread's CPU clock. Prints the median, the 10th percentile and the minimum:
 median moves by 10-20% between identical runs, the minimum by a few percent.
 
     python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--torch-profile] [--drop loss,wrapping]
-                               [--model mlp|gpt|gpt-cuda]
+                               [--model mlp|gpt|gpt-cuda] [--fused-stub]
 
 ``--model gpt``: instead, the GPT-style decoder of bench/gpt_step.py (149 tensors) at a tiny width, so
 that its arithmetic is cheap and a step's CPU is mostly Python and dispatch: what a GPU's host runs.
@@ -13,6 +13,10 @@ that its arithmetic is cheap and a step's CPU is mostly Python and dispatch: wha
 batch 16 x 512): the main thread's CPU per step, and the loop's mean wall step (the loop never waits
 for the GPU). The main thread's clock misses autograd's device thread, which launches the backward
 and runs the gradient hooks on a GPU: ``--torch-profile`` sees every thread.
+
+``--fused-stub``: on the CPU, fingerprints take the fused kernel's path (rank/fused_word_sums.py) with
+its launch replaced by zeros, so that a step times the probes' Python around the kernel as a GPU's
+host runs it (the values are wrong: for timing only).
 
 ``--profile``: also each variant's cProfile table restricted to ddpdoctor's functions (cumulative),
 which names the probe code a step runs (its times are inflated by the profiler); with
@@ -39,7 +43,24 @@ VARIANTS = {"no probes": ("none", 0), "probes, no fingerprint": ("probes", 10 **
             "probes, fingerprint every step": ("probes", 1)}
 
 
-def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str, torch_profile: bool) -> None:
+def _stub_fused_kernel() -> None:
+    """The fused kernel's path on the CPU, its launch replaced by zeros (``--fused-stub``)."""
+    import torch
+
+    from ddpdoctor.rank import fused_word_sums
+
+    def zeros(device, addresses, sizes, mode, **_):
+        torch.tensor(addresses, dtype=torch.int64)  # the table of addresses, as the real launch builds it
+        return (torch.zeros(len(sizes), dtype=torch.int64),
+                torch.zeros(len(sizes), dtype=torch.int64) if mode == "both" else None)
+
+    fused_word_sums.DEVICE_TYPES = ("cpu",)
+    fused_word_sums.available = lambda: True
+    fused_word_sums.word_sums = zeros
+
+
+def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str, torch_profile: bool,
+          fused_stub: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
     import torch
@@ -52,6 +73,8 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
     if cuda:
         torch.cuda.set_device(0)
     if kind == "probes":
+        if fused_stub:
+            _stub_fused_kernel()
         from ddpdoctor.rank import probes
         from ddpdoctor.rank.recorder import Recorder
         from ddpdoctor.schema.settings import RankSettings
@@ -135,10 +158,13 @@ def main() -> None:
     parser.add_argument("--model", choices=("mlp", "gpt", "gpt-cuda"), default="mlp")
     parser.add_argument("--torch-profile", action="store_true",
                         help="torch.profiler over five steps: ops by their own CPU time, kernels by device time")
+    parser.add_argument("--fused-stub", action="store_true",
+                        help="the fused fingerprint kernel path on the CPU, its launch replaced by zeros (timing)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop, args.model, args.torch_profile)
+        child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop, args.model, args.torch_profile,
+              args.fused_stub)
         return
     print("| round | variant | median CPU ms per step | p10 | min | loop's mean wall ms per step |\n"
           "|---|---|---|---|---|---|")
@@ -146,7 +172,8 @@ def main() -> None:
         for name, (kind, every) in VARIANTS.items():
             cmd = [sys.executable, __file__, "--child", kind, str(every), "--steps", str(args.steps),
                    "--drop", args.drop, "--model", args.model, *(["--profile"] if args.profile else []),
-                   *(["--torch-profile"] if args.torch_profile else [])]
+                   *(["--torch-profile"] if args.torch_profile else []),
+                   *(["--fused-stub"] if args.fused_stub else [])]
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
             line = next((ln for ln in out.splitlines() if ln.startswith("STEP_CPU_MS")), None)
             median, p10, low = line.split()[1:] if line else ("-", "-", "-")
