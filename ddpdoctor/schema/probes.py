@@ -40,5 +40,7 @@ def checks_affected(probe: str, declared: Mapping[str, Iterable[str]]) -> tuple[
     return () if probe in _NO_CHECK_READS else (probe,)
 
 
-# Probes that record evidence no check reads (`check --keep-evidence` writing the ranks' flight recorder dumps).
-_NO_CHECK_READS = frozenset({"flight-recorder-dump"})
+# Probes that record evidence no check reads (`check --keep-evidence` writing the ranks' flight recorder dumps),
+# or whose failure leaves the evidence whole (the fused fingerprint kernel: the per-tensor kernels took over).
+FUSED_FINGERPRINT_KERNEL = "fused-fingerprint-kernel"
+_NO_CHECK_READS = frozenset({"flight-recorder-dump", FUSED_FINGERPRINT_KERNEL})

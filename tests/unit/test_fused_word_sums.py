@@ -1,9 +1,10 @@
 """The fused word-sum kernel (rank/fused_word_sums.py): its sums are exactly the per-tensor kernels'
 in every mode, through ``fingerprint.start`` too (aligned tensors fused, the rest per tensor, in one
 result), and a DDP run writes the same evidence with it; a failure leaves the per-tensor kernels in
-charge, and the optimizer probe reports it. Runs on a GPU where there is one, else
-under Triton's interpreter on the CPU (a fresh interpreter, since TRITON_INTERPRET is read when
-Triton compiles); skipped where Triton is not installed (failed under CI)."""
+charge, and the optimizer probe reports it, leaving no check incomplete (the fingerprints are whole).
+Runs on a GPU where there is one, else under Triton's interpreter on the CPU (a fresh interpreter,
+since TRITON_INTERPRET is read when Triton compiles); skipped where Triton is not installed (failed
+under CI)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import textwrap
 import torch
 from ci_gate import skip_or_fail_in_ci
 from one_rank import run_one_rank
+
+from ddpdoctor.schema.probes import checks_affected
 
 
 _CHECKS = textwrap.dedent("""
@@ -135,5 +138,7 @@ def test_a_ddp_run_writes_the_same_fingerprints_fused_and_per_tensor_and_a_faile
     assert len(per_tensor) == 4 and all(s["grads"] and s["params"] and s["reduced"] for s in per_tensor)
     assert fused == per_tensor and not no_errors and not fused_errors
     assert broken == per_tensor  # the per-tensor kernels took over, with the same values
-    assert [(e["probe"], e["target"]) for e in errors] == [("optimizer", "fused fingerprint kernel")]
+    assert [(e["probe"], e["target"]) for e in errors] == [("fused-fingerprint-kernel",
+                                                             "the per-tensor kernels took over")]
+    assert checks_affected("fused-fingerprint-kernel", {"gradient-sync": ("optimizer",)}) == ()  # none incomplete
     assert "no kernel image" in errors[0]["error"]

@@ -198,3 +198,18 @@ def test_ddps_own_collectives_are_named_by_what_they_belong_to():
     assert "rank 1: broadcast in DDP's forward (its buffer or bucket broadcast)" in text
     assert "never ran it" in text and "rank 1" in text and "rank 0: 4 · rank 1: 0" in text
     assert "culprit" not in text and "ddp-forward" not in text and "None" not in text
+
+
+def test_a_failed_probe_names_the_checks_it_left_incomplete_or_says_it_left_none():
+    report = report_of()
+    report.probe_errors = [
+        {"probe": "optimizer", "error": "RuntimeError: boom", "target": None, "phase": "run", "ranks": [0],
+         "checks": ["gradient-sync", "config-sync"]},
+        {"probe": "fused-fingerprint-kernel", "error": "RuntimeError: no kernel image", "phase": "run",
+         "target": "the per-tensor kernels took over", "ranks": [0, 1], "checks": []}]
+    lines = [line for line in rendered(report).splitlines() if line.startswith("ddpdoctor: probe")]
+    assert lines == [
+        "ddpdoctor: probe optimizer failed (RuntimeError: boom) on ranks [0]; checks left incomplete: gradient-sync, "
+        "config-sync",
+        "ddpdoctor: probe fused-fingerprint-kernel failed (RuntimeError: no kernel image) on ranks [0, 1]; no check "
+        "left incomplete"]

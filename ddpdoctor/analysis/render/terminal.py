@@ -378,9 +378,10 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = DEFA
         console.print(Text(f"ddpdoctor: the suppression at {stale['file']}:{stale['line']} "
                            f"(ignore[{', '.join(stale['checks'])}]) matched nothing", style="yellow"))
     for problem in report.probe_errors:
+        left = (f"checks left incomplete: {', '.join(problem['checks'])}" if problem["checks"]
+                else "no check left incomplete")
         console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}) on ranks "
-                           f"{problem['ranks'] or '-'}; checks left incomplete: {', '.join(problem['checks'])}",
-                           style="yellow"))
+                           f"{problem['ranks'] or '-'}; {left}", style="yellow"))
     if report.launcher_log:
         count = len(report.launcher_log)
         where = f" in {report.launcher_log_path}" if report.launcher_log_path else " in the JSON report (launcher_log)"

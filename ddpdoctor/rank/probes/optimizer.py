@@ -47,6 +47,7 @@ from ddpdoctor.rank.recorder import Recorder, StepTiming
 from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import ConfigState, OptimizerInfo, ReplacedParams, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import encode_fingerprints
+from ddpdoctor.schema.probes import FUSED_FINGERPRINT_KERNEL
 from ddpdoctor.schema.sampling import should_fingerprint
 
 PROBE = "optimizer"
@@ -164,8 +165,8 @@ def install(rec: Recorder) -> Callable[[], None]:
             with rec.guard(PROBE, "fingerprint"):  # a failed fingerprint still leaves the step counted
                 fingerprinted = _fingerprint_step(rec, state, optimizer, step)
             failed_kernel = fused_word_sums.launch_failure()
-            if failed_kernel is not None:  # the fingerprints are right, from the per-tensor kernels
-                rec.probe_failed(PROBE, failed_kernel, target="fused fingerprint kernel")
+            if failed_kernel is not None:  # the fingerprints are whole (the per-tensor kernels'): no check lacks them
+                rec.probe_failed(FUSED_FINGERPRINT_KERNEL, failed_kernel, target="the per-tensor kernels took over")
         if not fingerprinted:  # in order behind the steps whose fingerprints are on their way
             rec.host_copies.later([], lambda _: rec.emit_stamped(step))
         state.pending_grads = state.reduced = state.scale = state.config = state.written = None
