@@ -166,7 +166,7 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
     fixed: dict[int, list] = {}
     fused_types = fused_word_sums.DEVICE_TYPES
     for i, given in enumerate(tensors):
-        t = given if type(given) in _PLAIN else readable(given) if given is not None else None
+        t = readable(given) if given is not None else None
         if t is None:
             fixed[i] = None
             continue
@@ -180,21 +180,23 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
                 continue
         kernels.add(i, t)
     mode = "both" if also_sampled else "sampled" if sampled else "full"
-    fused_sums: dict[torch.device, tuple[list[int], tuple[torch.Tensor, Optional[torch.Tensor]]]] = {}
+    fused_parts: list[tuple[list[int], torch.Tensor]] = []  # the fused kernels' sums, per device
+    fused_sampled_parts: list[tuple[list[int], torch.Tensor]] = []
     for device, entries in fused.items():
         launched = _fused(device, [address for _, _, address, _ in entries], [n for _, _, _, n in entries], mode)
         if launched is None:  # no fused kernel here: the per-tensor kernels, as on any device
             for i, t, _, _ in entries:
                 kernels.add(i, t)
-        else:
-            fused_sums[device] = ([i for i, _, _, _ in entries], launched)
+            continue
+        positions = [i for i, _, _, _ in entries]
+        fused_parts.append((positions, launched[0]))
+        if launched[1] is not None:
+            fused_sampled_parts.append((positions, launched[1]))
     small_sums = {device: _small_sums([w for _, w in entries]) for device, entries in kernels.small.items()}
-    pending = Pending(len(tensors), _parts(kernels.own, kernels.small, small_sums)
-                      + [(positions, sums) for positions, (sums, _) in fused_sums.values()], fixed)
+    pending = Pending(len(tensors), _parts(kernels.own, kernels.small, small_sums) + fused_parts, fixed)
     if also_sampled:
         pending.sample = Pending(len(tensors), _parts(kernels.own_sampled, kernels.small, small_sums)
-                                 + [(positions, sums) for positions, (_, sums) in fused_sums.values()  # type: ignore[misc]
-                                    ], fixed)
+                                 + fused_sampled_parts, fixed)
     return pending
 
 

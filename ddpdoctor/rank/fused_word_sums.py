@@ -112,10 +112,12 @@ def launch_failure() -> Optional[BaseException]:
     return _launch_failure
 
 
-def _table(device: torch.device, sizes: tuple[int, ...], mode: str, small: int, stride: int, run: int):
+def _table(device: torch.device, sizes: tuple[int, ...], sampled_only: bool, small: int, stride: int, run: int):
     """The per-signature constants on the device: each tensor's word count, and each program's
-    tensor and first position; cached, since the same tensors come every step."""
-    key = (device, sizes, mode, small, stride, run)
+    tensor and first position (over the sample positions of a big tensor when ``sampled_only``, its
+    words otherwise: the full and both modes share a table); cached, since the same tensors come
+    every step."""
+    key = (device, sizes, sampled_only, small, stride, run)
     cached = _TABLES.get(key)
     if cached is not None:
         return cached
@@ -123,7 +125,7 @@ def _table(device: torch.device, sizes: tuple[int, ...], mode: str, small: int, 
     block_tensor: list[int] = []
     block_start: list[int] = []
     for index, n in enumerate(sizes):
-        positions = ((n - run) // stride + 1) * run if mode == "sampled" and n >= small else n
+        positions = ((n - run) // stride + 1) * run if sampled_only and n >= small else n
         for begin in range(0, max(positions, 1), per_program):
             block_tensor.append(index)
             block_start.append(begin)
@@ -143,7 +145,7 @@ def word_sums(device: torch.device, addresses: Sequence[int], sizes: Sequence[in
     sampled fingerprint's parameters (tensors under ``small`` words are summed whole)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    sizes_on_device, table, starts, programs = _table(device, tuple(sizes), mode, small, stride, run)
+    sizes_on_device, table, starts, programs = _table(device, tuple(sizes), mode == "sampled", small, stride, run)
     on_gpu = device.type == "cuda"
     table_of_addresses = torch.tensor(addresses, dtype=torch.int64, pin_memory=on_gpu).to(device, non_blocking=True)
     out = torch.zeros(len(sizes), dtype=torch.int64, device=device)
