@@ -8,12 +8,15 @@ supervisor gets exit codes and signals per rank without parsing logs.
 from __future__ import annotations
 
 import ctypes
+import inspect
 import json
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
+from typing import Callable, Optional, TextIO
 
 
 def _die_with_parent() -> None:
@@ -32,21 +35,49 @@ def quiet_numpy_warning() -> None:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 
-TAIL_INTERVAL_S = 0.02
+TAIL_FAST_S = 0.02  # the poll while a rank writes
+TAIL_IDLE_S = 0.25  # the longest poll while it is quiet
+
+
+def tail_logfile(header: str, file: str, dst: TextIO, finished: threading.Event, interval_sec: float,
+                 log_line_filter: Optional[Callable[[str], bool]] = None) -> None:
+    """torchrun's ``tail_log.tail_logfile`` (the same lines, in the same order, to the same
+    destination), with two changes. Its waits end as soon as torchrun stops the tails: torchrun
+    stopped them one stream after the other, each waiting out a poll of 0.1 s, after every run.
+    And it polls every 20 ms while lines come, backing off to 0.25 s while the rank is quiet:
+    four tails polling every 20 ms used 1.3% of a core during training, on a core a rank needs."""
+    del interval_sec  # the fixed poll this replaces
+    wait = TAIL_FAST_S
+    while not os.path.exists(file):
+        if finished.wait(wait):
+            if not os.path.exists(file):
+                return
+            break
+        wait = min(TAIL_IDLE_S, wait * 2)
+    wait = TAIL_FAST_S
+    with open(file, errors="replace") as fp:
+        while True:
+            line = fp.readline()
+            if line:
+                wait = TAIL_FAST_S
+                if log_line_filter and log_line_filter(line):  # as torchrun's: no filter, no line
+                    dst.write(f"{header}{line}")
+            elif finished.is_set():
+                break  # the producer is done and its file read to the end
+            else:
+                finished.wait(wait)
+                wait = min(TAIL_IDLE_S, wait * 2)
 
 
 def quicker_tails() -> None:
-    """torchrun's --tee tails each rank's stdout and stderr files in threads that poll every 0.1 s,
-    and stops them one stream after the other, each waiting out a poll: 0.1-0.2 s added to every
-    run after its last rank exited. Polling every 20 ms costs those threads about 0.2% of a core."""
+    """Put :func:`tail_logfile` in place of torchrun's, which ``TailLog.start`` looks up at each
+    call. A torch whose tails take other arguments keeps its own (the arguments are checked first)."""
     from torch.distributed.elastic.multiprocessing import tail_log
 
-    init = tail_log.TailLog.__init__
-
-    def __init__(self, *args, interval_sec: float = TAIL_INTERVAL_S, **kwargs) -> None:
-        init(self, *args, interval_sec=interval_sec, **kwargs)
-
-    tail_log.TailLog.__init__ = __init__
+    original = tail_log.tail_logfile
+    if list(inspect.signature(original).parameters) != list(inspect.signature(tail_logfile).parameters):
+        return
+    tail_log.tail_logfile = tail_logfile
 
 
 def main() -> None:
