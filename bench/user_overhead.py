@@ -6,6 +6,7 @@ torchrun's, and each step's main-thread CPU (median, 10th percentile and minimum
 steps from the 11th): where the probes' work shows without the other processes' noise.
 
     python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY] [--cwd DIR] [--steady-malloc]
+                                  [--configs default,every,native]
 
 ``--cwd``: where the runs start; outside the checkout when ``--baseline-python`` is an earlier build
 on PYTHONPATH (``python -m ddpdoctor`` run inside the checkout imports the checkout's).
@@ -31,6 +32,8 @@ CONFIGS = {
     # on a machine with no GPU, --device auto simulates one per rank: the simulation's share of the cost
     "ddpdoctor check --device native (default schedule)": ("doctor", ("--device", "native")),
 }
+CONFIG_NAMES = {"default": "ddpdoctor check (default schedule)", "every": "ddpdoctor check --fingerprint-every 1",
+                "native": "ddpdoctor check --device native (default schedule)"}  # --configs; plain torchrun always
 _RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)"
                   r" loop_faults (\d+)")
 # glibc gives freed memory of big tensors back to the kernel and maps it again at a later step, as its
@@ -64,8 +67,10 @@ def _median_range(values: list[float], unit: str = "x") -> str:
     return f"{middle:.3f}{unit}{spread}"
 
 
-def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, steady_malloc: bool) -> None:
-    configs = dict(CONFIGS)
+def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, steady_malloc: bool,
+          chosen: list[str]) -> None:
+    configs = {name: value for name, value in CONFIGS.items()
+               if name == "plain torchrun" or name in [CONFIG_NAMES[c] for c in chosen]}
     if baseline_python:
         configs["baseline install (default schedule)"] = ("baseline", ())
         configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
@@ -122,8 +127,15 @@ def main() -> None:
     parser.add_argument("--cwd", default=".")
     parser.add_argument("--steady-malloc", action="store_true",
                         help="run every configuration with glibc's mmap and trim thresholds fixed (see STEADY_MALLOC)")
+    parser.add_argument("--configs", default=",".join(CONFIG_NAMES),
+                        help=f"comma-separated, of {', '.join(CONFIG_NAMES)} (plain torchrun is always run)")
     args = parser.parse_args()
-    bench(args.cwd, args.rounds, [int(s) for s in args.steps.split(",")], args.baseline_python, args.steady_malloc)
+    chosen = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in chosen if c not in CONFIG_NAMES]
+    if unknown:
+        parser.error(f"unknown --configs {', '.join(unknown)}; choose from {', '.join(CONFIG_NAMES)}")
+    bench(args.cwd, args.rounds, [int(s) for s in args.steps.split(",")], args.baseline_python, args.steady_malloc,
+          chosen)
 
 
 if __name__ == "__main__":
