@@ -88,13 +88,18 @@ _SAMPLE_RUN = 16
 
 
 def _aligned_words(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """``t``'s bytes as a 1-d int64 view (no copy), or None when they do not start and end on
-    8-byte boundaries or are not contiguous (then :func:`_word_sum` takes the careful path)."""
+    """``t``'s bytes as an int64 view (no copy), or None when they do not start and end on 8-byte
+    boundaries or are not contiguous (then :func:`_word_sum` takes the careful path). The view
+    keeps ``t``'s shape where its rows are whole words, which saves a reshape per tensor: the
+    same words, and a sum of them, or a sample by :func:`_sampled_word_sum` (which strides through
+    the storage), does not depend on the shape."""
     if t.dtype == torch.bool:
         t = t.view(torch.uint8)
     size = t.element_size()
     if not t.is_contiguous() or (t.storage_offset() * size) % 8 or (t.numel() * size) % 8:
         return None
+    if t.dim() and not (t.shape[-1] * size) % 8:
+        return t.view(torch.int64)
     return t.reshape(-1).view(torch.int64)
 
 
@@ -105,8 +110,9 @@ def _word_sum(t: torch.Tensor) -> torch.Tensor:
 
 
 def _sampled_word_sum(words: torch.Tensor) -> torch.Tensor:
-    """The wrapping sum of runs of ``_SAMPLE_RUN`` words every ``_SAMPLE_STRIDE`` words of a 1-d
-    int64 view of at least ``_SMALL_WORDS`` words (no copy)."""
+    """The wrapping sum of runs of ``_SAMPLE_RUN`` words every ``_SAMPLE_STRIDE`` words of a
+    contiguous int64 view of at least ``_SMALL_WORDS`` words (no copy; any shape: the runs stride
+    through its storage from its first word)."""
     rows = (words.numel() - _SAMPLE_RUN) // _SAMPLE_STRIDE + 1
     return words.as_strided((rows, _SAMPLE_RUN), (_SAMPLE_STRIDE, 1)).sum()
 
@@ -142,7 +148,7 @@ def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
     and copying them there anew would wait for the device."""
     if words[0].device.type == "cpu":  # no launches to save on a CPU, and the copy and the running sum cost
         return torch.stack([w.sum() for w in words])
-    flat = torch.cat(words)
+    flat = torch.cat([w.view(-1) for w in words])
     key = (flat.device, tuple(w.numel() for w in words))
     ends = _ENDS.get(key)
     if ends is None:
@@ -211,10 +217,9 @@ class _Kernels:
 
     def add(self, i: int, t: torch.Tensor) -> None:
         """Launch (or queue, for a small tensor) the sums of tensor ``t`` at position ``i``."""
-        t = t.detach()
         if t.is_complex():
-            t = torch.view_as_real(t)
-        words = _aligned_words(t)
+            t = torch.view_as_real(t.detach())
+        words = _aligned_words(t)  # no detach first: start() runs without grad, so no view records one
         if words is None:
             total = _unaligned_word_sum(t)
             self.own[t.device].append((i, total))

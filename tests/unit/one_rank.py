@@ -27,5 +27,5 @@ def run_one_rank(script: str, *args: str, evidence: Path) -> tuple[str, list[dic
     out = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     names = [n for n in os.listdir(evidence) if n.startswith("events")] if evidence.is_dir() else []
-    events = [json.loads(line) for name in names for line in open(evidence / name)]
+    events = [json.loads(line) for name in names for line in (evidence / name).read_text().splitlines()]
     return out.stdout, [e for e in events if e["kind"] != "environment"]

@@ -127,6 +127,24 @@ def test_a_sampled_fingerprint_sums_a_strided_sample_of_big_tensors_and_all_of_s
     assert values[0] != fp.fingerprint([big])[0], "a sample, not the full sum"
 
 
+def test_a_tensors_shape_does_not_change_its_fingerprints_full_or_sampled():
+    """Rows of whole words are summed in the tensor's own shape (no reshape); other rows are
+    flattened first. Either way the words, and their samples through the storage, are the same."""
+    generator = torch.Generator().manual_seed(3)
+    storage = torch.randn(2 + 40 * 33 * 64, generator=generator)
+    shaped = [storage[2:].view(40, 33, 64),  # rows of 256 bytes, at an 8-byte offset in a bucket
+              torch.randn(6, 3, generator=generator),  # rows of 12 bytes: flattened
+              torch.randn(fp._SMALL_WORDS, 6, generator=generator).to(torch.float16),  # rows of 12 bytes, big
+              torch.randn(5, 2, generator=generator, dtype=torch.float64)]
+    flat = [t.reshape(-1) for t in shaped]
+    assert fp.fingerprint(shaped) == fp.fingerprint(flat) == [[reference(t)] for t in flat]
+    sampled = fp.start(shaped, sampled=True).values()
+    assert sampled == fp.start(flat, sampled=True).values()
+    assert sampled[0] == [_sampled_reference(flat[0])] and sampled[2] == [_sampled_reference(flat[2])]
+    both = fp.start(shaped, also_sampled=True)
+    assert both.values() == fp.fingerprint(flat) and both.sample is not None and both.sample.values() == sampled
+
+
 def test_a_sampled_fingerprint_separates_the_changes_ddp_bugs_make():
     """What the reduced-gradient snapshot must see: a rank-dependent scaling, rounding drift of one
     ulp spread over the tensor, a sign flip, a few rows rewritten. A change confined to a few elements
