@@ -116,6 +116,11 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                "CPU s per rank, loop", "CPU s per rank, process",
                "main-thread CPU ms per step, steps 11+ (median / p10 / min)",
                "thousand minor faults per step per rank", "crashed runs"], rows)
+        for name in configs:  # each round's ratio, in the order run: what the median and the range summarize
+            ratios = [f"{this[0][0] / plain[0][0]:.3f}" for plain, this in zip(results["plain torchrun"], results[name])
+                      if plain and this]
+            if name != "plain torchrun":
+                print(f"rounds, {name}: {' '.join(ratios)}")
 
 
 def main() -> None:
