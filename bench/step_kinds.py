@@ -5,7 +5,7 @@ main thread's CPU clock. Prints the median, the 10th percentile and the minimum:
 median moves by 10-20% between identical runs, the minimum by a few percent.
 
     python bench/step_kinds.py [--steps 150] [--rounds 2] [--profile] [--torch-profile] [--drop loss,wrapping]
-                               [--model mlp|gpt|gpt-cuda] [--fused-stub]
+                               [--model mlp|gpt|gpt-cuda] [--fused-stub] [--probe-times]
 
 ``--model gpt``: instead, the GPT-style decoder of bench/gpt_step.py (149 tensors) at a tiny width, so
 that its arithmetic is cheap and a step's CPU is mostly Python and dispatch: what a GPU's host runs.
@@ -17,6 +17,11 @@ and runs the gradient hooks on a GPU: ``--torch-profile`` sees every thread.
 ``--fused-stub``: on the CPU, fingerprints take the fused kernel's path (rank/fused_word_sums.py) with
 its launch replaced by zeros, so that a step times the probes' Python around the kernel as a GPU's
 host runs it (the values are wrong: for timing only).
+
+``--probe-times``: each probe function's own share of a step, timed in the loop by the main thread's
+CPU clock around it (caches as cold as the training leaves them, unlike a function timed alone):
+calls per step and ms per step, for the steps after the first eighth. Nested entries overlap (the
+optimizer hooks include the fingerprint reads they launch).
 
 ``--profile``: also each variant's cProfile table restricted to ddpdoctor's functions (cumulative),
 which names the probe code a step runs (its times are inflated by the profiler); with
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 VARIANTS = {"no probes": ("none", 0), "probes, no fingerprint": ("probes", 10 ** 9),
             "probes, fingerprint every step": ("probes", 1)}
@@ -59,8 +65,66 @@ def _stub_fused_kernel() -> None:
     fused_word_sums.word_sums = zeros
 
 
+# (module, attribute, label): the probe functions --probe-times wraps, looked up at each call by their callers
+TIMED_PROBE_FUNCTIONS = (
+    ("ddpdoctor.rank.fingerprint", "start", "fingerprint reads (all calls)"),
+    ("ddpdoctor.rank.probes.wrapping", "_snapshot", "all-reduce snapshot (sampled read)"),
+    ("ddpdoctor.rank.probes.ddp", "_grad_arrived", "gradient hooks"),
+    ("ddpdoctor.rank.probes.ddp", "_on_ddp_forward", "DDP forward hook"),
+    ("ddpdoctor.rank.probes.loss", "record_grad", "loss probe: local-gradient samples"),
+    ("ddpdoctor.rank.probes.loss", "close_window", "loss probe: window"),
+    ("ddpdoctor.rank.probes.optimizer", "_capture_config", "optimizer: config digest"),
+    ("ddpdoctor.rank.probes.optimizer", "_fingerprint_step", "optimizer: parameter read and step record"),
+    ("ddpdoctor.rank.recorder", "Recorder._append", "event writes"),
+)
+
+
+def _time_probe_functions() -> tuple[Callable[[], None], Callable[[int], None]]:
+    """Wrap :data:`TIMED_PROBE_FUNCTIONS` (at once) and the optimizer's global step hooks (by the
+    returned function, once the probes registered them) with the main thread's CPU clock; the second
+    returned function prints each one's calls and ms per step."""
+    import functools
+    import importlib
+
+    spent: dict[str, list[float]] = {}
+
+    def timed(label: str, function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent.setdefault(label, []).append(time.thread_time() - start)
+        return wrapper
+
+    for module_name, attribute, label in TIMED_PROBE_FUNCTIONS:
+        owner: object = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, timed(label, getattr(owner, name)))
+
+    def wrap_hooks() -> None:
+        from torch.optim import optimizer
+
+        for hooks, label in ((optimizer._global_optimizer_pre_hooks, "optimizer: pre-step hook (gradient read)"),
+                             (optimizer._global_optimizer_post_hooks, "optimizer: post-step hook")):
+            for key in list(hooks):
+                hooks[key] = timed(label, hooks[key])
+
+    def report(steps: int) -> None:
+        skipped = steps // 8
+        for label, values in sorted(spent.items()):
+            tail = values[len(values) * skipped // max(1, steps):]
+            print(f"PROBE_TIME {label}: {len(values) / steps:.1f} calls/step, "
+                  f"{sum(tail) * 1e3 / max(1, steps - skipped):.3f} ms/step", flush=True)
+
+    return wrap_hooks, report
+
+
 def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str, torch_profile: bool,
-          fused_stub: bool = False) -> None:
+          fused_stub: bool = False, probe_times: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
                       WORLD_SIZE="1", LOCAL_RANK="0")
     import torch
@@ -79,9 +143,13 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
         from ddpdoctor.rank.recorder import Recorder
         from ddpdoctor.schema.settings import RankSettings
 
+        if probe_times:
+            wrap_hooks, report_times = _time_probe_functions()
         probes.PROBE_MODULES = tuple(m for m in probes.PROBE_MODULES if m not in drop.split(","))
         probes.install(Recorder(RankSettings(evidence_dir=tempfile.mkdtemp(), fingerprint_every=every,
                                              device="native")))
+    if kind == "probes" and probe_times:
+        wrap_hooks()
     dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(0)
     if model_kind.startswith("gpt"):
@@ -135,6 +203,8 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
                 print(traced.key_averages().table(sort_by=sort, row_limit=25), flush=True)
     if cuda:
         torch.cuda.synchronize()
+    if kind == "probes" and probe_times:
+        report_times(len(times))
     print(f"LOOP_MEAN_MS {(time.perf_counter() - window) * 1e3 / max(1, len(times) - 10):.2f}", flush=True)
     profiler.disable()
     ordered = sorted(times[10:])
@@ -160,11 +230,13 @@ def main() -> None:
                         help="torch.profiler over five steps: ops by their own CPU time, kernels by device time")
     parser.add_argument("--fused-stub", action="store_true",
                         help="the fused fingerprint kernel path on the CPU, its launch replaced by zeros (timing)")
+    parser.add_argument("--probe-times", action="store_true",
+                        help="each probe function's ms per step, timed in the loop by the main thread's CPU clock")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), args.steps, args.profile, args.drop, args.model, args.torch_profile,
-              args.fused_stub)
+              args.fused_stub, args.probe_times)
         return
     print("| round | variant | median CPU ms per step | p10 | min | loop's mean wall ms per step |\n"
           "|---|---|---|---|---|---|")
@@ -173,7 +245,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--child", kind, str(every), "--steps", str(args.steps),
                    "--drop", args.drop, "--model", args.model, *(["--profile"] if args.profile else []),
                    *(["--torch-profile"] if args.torch_profile else []),
-                   *(["--fused-stub"] if args.fused_stub else [])]
+                   *(["--fused-stub"] if args.fused_stub else []), *(["--probe-times"] if args.probe_times else [])]
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900).stdout
             line = next((ln for ln in out.splitlines() if ln.startswith("STEP_CPU_MS")), None)
             median, p10, low = line.split()[1:] if line else ("-", "-", "-")
@@ -181,6 +253,8 @@ def main() -> None:
             print(f"| {round_number} | {name} | {median} | {p10} | {low} | {mean} |", flush=True)
             if args.profile or args.torch_profile:
                 print(out.split("\n", 1)[1] if line else out[-3000:])
+            for timing in (ln for ln in out.splitlines() if ln.startswith("PROBE_TIME")):
+                print(f"  {timing[len('PROBE_TIME '):]}")
 
 
 if __name__ == "__main__":
