@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
@@ -12,6 +15,21 @@ from ddpdoctor.rank.recorder import Recorder
 from ddpdoctor.schema.events import DestroyProcessGroup, InitProcessGroup
 
 PROBE = "lifecycle"
+RELEASE_WAIT_S = 0.05
+
+
+def _let_backend_threads_release_work() -> None:
+    """Release the GIL for a moment after the default group is destroyed, while a torch function
+    mode is on the stack (the device simulation's, or the script's own).
+
+    Each collective's work object keeps the thread-local state it was launched with, and so that
+    mode, a Python object. The last reference to a finished work is often the gloo worker thread's,
+    which drops it just after the caller's wait returned, and needs the GIL to release the mode.
+    When DDP's Reducer is freed soon after (the script's ``main`` returning), its process group's
+    destructor joins those threads while holding the GIL: a deadlock at the script's end (seen on
+    2 cores in 2 runs of 5 of fixtures/gpu_transformers.py, the ranks stuck in
+    ``~ProcessGroupGloo``, a worker in ``~AsyncAllreduceWork`` waiting for the GIL)."""
+    time.sleep(RELEASE_WAIT_S)
 
 
 def install(rec: Recorder) -> None:
@@ -34,11 +52,15 @@ def install(rec: Recorder) -> None:
 
     def wrap_destroy(original):
         def destroy_process_group(*args, **kwargs):
-            if not args and kwargs.get("group") is None:
+            default = not args and kwargs.get("group") is None
+            if default:
                 with rec.guard(PROBE, "destroy_process_group"):
                     rec.emit(DestroyProcessGroup(site=callsite.caller_site()))
                     rec.clock.detach()
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            if default and torch._C._len_torch_function_stack():
+                _let_backend_threads_release_work()
+            return result
 
         return destroy_process_group
 
