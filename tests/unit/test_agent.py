@@ -66,23 +66,35 @@ def test_a_quiet_rank_is_polled_less_and_less_and_a_line_brings_the_fast_poll_ba
     assert out.getvalue() == "[r]:hello\n"
 
 
-def test_a_stop_ends_a_quiet_tail_at_once_and_one_whose_file_never_came(tmp_path: Path) -> None:
+def _ended(target, *args, within_s: float = 10.0) -> bool:
+    """Run ``target`` in a thread; whether it returned within ``within_s``: a liveness bound (the
+    polls are an hour long), not a speed bound."""
+    thread = threading.Thread(target=target, args=args, daemon=True)
+    thread.start()
+    thread.join(timeout=within_s)
+    return not thread.is_alive()
+
+
+def test_a_stop_ends_a_quiet_tail_at_once_and_one_whose_file_never_came(tmp_path: Path, monkeypatch) -> None:
+    for poll in ("TAIL_FAST_S", "TAIL_IDLE_S"):  # every poll an hour: a tail that waited one out would never end here
+        monkeypatch.setattr(agent, poll, 3600.0)
     log = tmp_path / "stdout.log"
     log.write_text("x\n")
     for path in (log, tmp_path / "never.log"):
         finished = threading.Event()
-        thread = threading.Thread(target=agent.tail_logfile, args=("[r]:", str(path), io.StringIO(), finished, 0.1))
+        thread = threading.Thread(target=agent.tail_logfile, args=("[r]:", str(path), io.StringIO(), finished, 0.1),
+                                  daemon=True)
         thread.start()
-        time.sleep(1.0)  # long enough to back off to the longest poll
-        stopped = time.monotonic()
+        time.sleep(0.5)  # into its first poll
         finished.set()
-        thread.join(timeout=5)
-        assert time.monotonic() - stopped < 0.15  # torchrun's own waits out a poll
-        assert not thread.is_alive()
+        thread.join(timeout=10)
+        assert not thread.is_alive()  # torchrun's own waits out a poll
 
 
 def test_torchruns_tails_use_it_and_stop_without_waiting_out_polls(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(tail_log, "tail_logfile", tail_log.tail_logfile)  # undone after the test
+    for poll in ("TAIL_FAST_S", "TAIL_IDLE_S"):  # every poll an hour: a stop that waited one out would never end
+        monkeypatch.setattr(agent, poll, 3600.0)
     agent.quicker_tails()
     assert tail_log.tail_logfile is agent.tail_logfile
     files = {rank: str(tmp_path / f"{rank}.log") for rank in range(4)}
@@ -91,9 +103,7 @@ def test_torchruns_tails_use_it_and_stop_without_waiting_out_polls(tmp_path: Pat
     out = io.StringIO()
     tails = tail_log.TailLog("trainer", files, out).start()
     time.sleep(1.0)
-    stopped = time.monotonic()
-    tails.stop()
-    assert time.monotonic() - stopped < 0.15
+    assert _ended(tails.stop)
     assert sorted(out.getvalue().splitlines()) == [f"[trainer{rank}]:started" for rank in range(4)]
 
 
