@@ -51,6 +51,41 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
+def spread_of(values: list[float]) -> dict:
+    """Mean, median, 90th percentile and maximum of per-step values."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {"mean": sum(ordered) / len(ordered), "median": ordered[len(ordered) // 2],
+            "p90": ordered[len(ordered) * 9 // 10], "max": ordered[-1]}
+
+
+def spread(clock: list[float], scale: float) -> dict:
+    """The spread of the intervals between consecutive readings of a clock, scaled (s to ms)."""
+    return spread_of([(b - a) * scale for a, b in zip(clock, clock[1:])])
+
+
+def thread_cpu() -> list[dict]:
+    """Each thread's name and CPU seconds so far (Linux), most first: which threads the host's time
+    went to (autograd's device thread, NCCL's, a probe's)."""
+    import threading
+
+    python_names = {t.native_id: t.name for t in threading.enumerate()}
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    threads = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/stat") as f:
+                stat = f.read()
+            comm = stat[stat.index("(") + 1:stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2:].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+            threads.append({"name": python_names.get(int(task), comm), "cpu_s": round(cpu_s, 2)})
+    except OSError:
+        return []
+    return sorted(threads, key=lambda t: -t["cpu_s"])[:8]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
@@ -74,6 +109,9 @@ def main() -> None:
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     window_start = 0.0
     host = []  # each step's start on the host clock, in the window: the host runs ahead unless it waits
+    main_cpu = []  # the main thread's CPU clock at each step's start: the host's own work
+    process_cpu = []  # every thread's (autograd's device thread runs the backward and its hooks)
+    marks = []  # a CUDA event at each step's start: where the device got to it
     for step in range(args.steps):
         tokens = torch.randint(0, 32000, (args.batch, args.context + 1), device=device, generator=generator)
         if step == args.warmup:
@@ -84,6 +122,11 @@ def main() -> None:
         start = time.perf_counter()
         if step >= args.warmup:
             host.append(start)
+            main_cpu.append(time.thread_time())
+            process_cpu.append(time.process_time())
+            if device.type == "cuda":
+                marks.append(torch.cuda.Event(enable_timing=True))
+                marks[-1].record()
         with torch.autocast(device.type, dtype=torch.bfloat16):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
@@ -98,12 +141,15 @@ def main() -> None:
     mean_ms = (time.perf_counter() - window_start) * 1000 / max(1, args.steps - args.warmup)
     # The host's time between step starts: near the device's step where the host keeps it busy; a
     # stall (a wait, a collection, a compile) shows as one long interval, a slow host as all of them.
-    intervals = sorted((b - a) * 1000 for a, b in zip(host, host[1:]))
-    host_ms = {"median": intervals[len(intervals) // 2], "p90": intervals[len(intervals) * 9 // 10],
-               "max": intervals[-1]} if intervals else {}
+    # Beside it, the CPU the host spent per step (main thread, and all threads), and the device's
+    # time between step starts: a host slower than the device shows as CPU per step near the wall's.
+    device_ms = [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
     if dist.get_rank() == 0:
-        print("STEP_TIMES_MS " + json.dumps({"params": params, "tensors": len(list(model.parameters())),
-                                             "mean_ms": mean_ms, "host_ms": host_ms, "times": times}), flush=True)
+        print("STEP_TIMES_MS " + json.dumps({
+            "params": params, "tensors": len(list(model.parameters())), "mean_ms": mean_ms,
+            "host_ms": spread(host, 1000), "main_cpu_ms": spread(main_cpu, 1000),
+            "process_cpu_ms": spread(process_cpu, 1000), "device_ms": spread_of(device_ms),
+            "threads": thread_cpu(), "times": times}), flush=True)
     dist.destroy_process_group()
 
 

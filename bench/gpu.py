@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -130,7 +131,10 @@ def _step_result(output: str) -> dict:
     raise RuntimeError(output[-3000:])
 
 
-def bench_steps(rounds: int, steps: int, before_site: Optional[str] = None) -> dict:
+CONFIGS = ("default", "every")  # the ddpdoctor launches beside plain torchrun: default schedule, every step
+
+
+def bench_steps(rounds: int, steps: int, before_site: Optional[str] = None, configs: tuple[str, ...] = CONFIGS) -> dict:
     """The mean step of the GPT job (a whole loop that never waits for the GPU, as a user's), plain
     torchrun against ddpdoctor at the default schedule and fingerprinting every step, interleaved
     round by round; with ``before_site``, also an earlier ddpdoctor installed there (side by side)."""
@@ -140,31 +144,47 @@ def bench_steps(rounds: int, steps: int, before_site: Optional[str] = None) -> d
     builds = {"now": None, **({"before": before_site} if before_site else {})}
     variants: dict[str, tuple[list[str], Optional[str]]] = {"plain torchrun": (plain, None)}
     for build, site in builds.items():
-        variants[f"ddpdoctor check, default schedule ({build})"] = ([*check, "--"], site)
-        every = [*check, "--fingerprint-every", "1", "--"]
-        variants[f"ddpdoctor check --fingerprint-every 1 ({build})"] = (every, site)
+        if "default" in configs:
+            variants[f"ddpdoctor check, default schedule ({build})"] = ([*check, "--"], site)
+        if "every" in configs:
+            every = [*check, "--fingerprint-every", "1", "--"]
+            variants[f"ddpdoctor check --fingerprint-every 1 ({build})"] = (every, site)
     means: dict[str, list[float]] = {name: [] for name in variants}
+    runs: list[dict] = []  # every run's whole result, with its wall-clock span (to match a GPU sampler's log)
     with tempfile.TemporaryDirectory() as cwd:  # not the checkout: `-m ddpdoctor` must import the build asked for
         for _ in range(rounds):
             for name, (command, site) in variants.items():
                 env = {**os.environ, "PYTHONWARNINGS": "ignore"}
                 if site:
                     env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, env.get("PYTHONPATH")]))
+                began = time.time()
                 proc = subprocess.run([*command, "--steps", str(steps)], capture_output=True, text=True, env=env,
                                       cwd=cwd, timeout=600)
                 result = _step_result(proc.stdout + proc.stderr)
+                runs.append({"launch": name, "began": began, "ended": time.time(), **result})
                 means[name].append(result["mean_ms"])
-                host = result.get("host_ms") or {}
-                spread = (f" (host's step median {host['median']:.2f}, p90 {host['p90']:.2f}, "
-                          f"max {host['max']:.2f} ms)") if host else ""
-                print(f"{name}: {means[name][-1]:.2f} ms{spread}", flush=True)
+                print(f"{name}: {means[name][-1]:.2f} ms{_run_detail(result)}", flush=True)
     base = statistics.median(means["plain torchrun"])
     rows = [[name, *[f"{v:.2f}" for v in values], f"{statistics.median(values):.2f}",
              f"{statistics.median(values) / base:.3f}"] for name, values in means.items()]
     table(f"GPT-style job, 1 NCCL rank, bf16 autocast, fused AdamW, {torch.cuda.get_device_name()}: the mean step "
           f"of steps 11-{steps} (the loop never waits for the GPU), {rounds} interleaved rounds",
           ["launch", *[f"round {i + 1} ms" for i in range(rounds)], "median ms", "ratio to plain"], rows)
-    return means
+    return {"means": means, "runs": runs}
+
+
+def _run_detail(result: dict) -> str:
+    """One run's per-step spread: the host's and the device's time between step starts, the CPU the
+    host spent per step, and the threads that spent most."""
+    def part(key: str, label: str) -> str:
+        values = result.get(key) or {}
+        return (f"{label} {values['mean']:.1f}/{values['median']:.1f}/{values['p90']:.1f}/{values['max']:.1f}"
+                if "mean" in values else "")
+    parts = [part("host_ms", "host"), part("device_ms", "device"), part("main_cpu_ms", "main cpu"),
+             part("process_cpu_ms", "all cpu")]
+    threads = ", ".join(f"{t['name']} {t['cpu_s']:.1f}s" for t in result.get("threads", [])[:5])
+    return (f"  [ms mean/median/p90/max: {'; '.join(p for p in parts if p)}] [threads: {threads}]"
+            if any(parts) else "")
 
 
 def main() -> None:
@@ -175,14 +195,20 @@ def main() -> None:
     parser.add_argument("--before-site", default=None,
                         help="an earlier ddpdoctor installed in this folder (pip install --target), run side by side")
     parser.add_argument("--steps-only", action="store_true", help="skip the fingerprint kernels' table")
+    parser.add_argument("--configs", default=",".join(CONFIGS),
+                        help="the ddpdoctor launches run beside plain torchrun, comma-separated: default, every")
     args = parser.parse_args()
+    configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown or not configs:
+        parser.error(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(CONFIGS)}")
     if not torch.cuda.is_available():
         print("no CUDA device: the GPU benchmarks need one")
         return
     results: dict = {}
     if not args.steps_only:
         results.update(fingerprint=bench_fingerprint(torch.float32), fingerprint_bf16=bench_fingerprint(torch.bfloat16))
-    results["steps"] = bench_steps(args.rounds, args.steps, args.before_site)
+    results["steps"] = bench_steps(args.rounds, args.steps, args.before_site, configs)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))
 

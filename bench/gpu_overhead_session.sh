@@ -10,7 +10,9 @@
 # on the full GPT: host CPU and mean wall step per step kind, then a profile by own time), trace
 # (torch.profiler over five steps of each kind: every thread's ops, the kernels by device time), steps
 # (bench/gpu.py: the GPT job's mean step, plain against ddpdoctor, and the earlier build if given;
-# ROUNDS of them, 3 unless set), in that order.
+# ROUNDS of them, 3 unless set, of STEPS steps, 110 unless set, with the GPU's utilisation and clocks
+# sampled every 200 ms into $OUT/smi.csv, and the processes on it every 2 s into $OUT/apps.txt),
+# in that order.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BEFORE=${1:-}
@@ -85,8 +87,19 @@ if want checks; then
 fi
 if want steps; then
     echo "== the GPT job's mean step"
-    timeout 400 python3 bench/gpu.py --rounds ${ROUNDS:-3} --steps 110 --steps-only --out "$OUT/gpu.json" \
-        ${BEFORE:+--before-site /tmp/before-site} 2>&1 | tee "$OUT/gpu-bench.txt"
+    lscpu | grep -E "^(Model name|CPU\(s\)|Thread|NUMA node\(s\)|CPU max MHz)" || true
+    cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/dev/null || true
+    reasons=clocks_event_reasons.active
+    nvidia-smi --query-gpu=$reasons --format=csv >/dev/null 2>&1 || reasons=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,clocks.mem,power.draw,temperature.gpu,$reasons \
+        --format=csv,noheader -lms 200 >"$OUT/smi.csv" 2>&1 &
+    sampler=$!
+    (while sleep 2; do date +%s.%N; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; \
+        done) >"$OUT/apps.txt" 2>&1 &
+    apps=$!
+    timeout ${STEPS_TIMEOUT:-400} python3 bench/gpu.py --rounds ${ROUNDS:-3} --steps ${STEPS:-110} --steps-only \
+        --out "$OUT/gpu.json" ${BEFORE:+--before-site /tmp/before-site} 2>&1 | tee "$OUT/gpu-bench.txt"
+    kill $sampler $apps 2>/dev/null
 fi
 if want trace; then
     echo "== torch.profiler of the full GPT per step kind (autograd's thread and the kernels)"
