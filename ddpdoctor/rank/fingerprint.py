@@ -159,6 +159,68 @@ def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
     return torch.diff(totals, prepend=totals.new_zeros(1))
 
 
+class _Plan:
+    """How :func:`start` reads one list of tensors: positions with a value known on the host, the
+    fused kernel's tensors per device (their positions and word counts; their addresses are read
+    at each call), and the positions for the per-tensor kernels. Kept per list layout
+    (:func:`_layout`): the same parameters come every step, and gradients of the same sizes (at
+    new addresses, on a CPU), and sorting 149 tensors anew in Python cost more than the kernel's
+    launch."""
+
+    __slots__ = ("fixed", "fused", "others", "cacheable")
+
+    def __init__(self) -> None:
+        self.fixed: dict[int, Optional[int]] = {}  # position -> None (no tensor) or 0 (no bytes)
+        self.fused: dict[torch.device, tuple[list[int], tuple[int, ...]]] = {}
+        self.others: list[int] = []
+        self.cacheable = True  # False when a tensor needed more than its layout to read (a subclass)
+
+
+_PLANS: dict[tuple, _Plan] = {}  # list layout -> plan
+_MAX_PLANS = 16
+
+
+def _layout(tensors: Sequence[Optional[torch.Tensor]]) -> tuple[Optional[tuple], list[int]]:
+    """What decides a list's plan, per tensor: its type, device, byte count, contiguity and the
+    alignment of its address (a plain tensor with all five equal is read the same way, at its own
+    address); and the addresses. (None, []) where a tensor has no address (sparse, or no storage)."""
+    try:
+        entries = [(type(t), t.device, t.nbytes, t.is_contiguous(), t.data_ptr()) if t is not None else None
+                   for t in tensors]
+    except Exception:
+        return None, []
+    return (tuple([e[:4] + (e[4] % 8,) if e is not None else None for e in entries]),
+            [e[4] if e is not None else 0 for e in entries])
+
+
+def _plan_of(tensors: Sequence[Optional[torch.Tensor]], layout: Optional[tuple]) -> _Plan:
+    plan = _PLANS.get(layout) if layout is not None else None
+    if plan is not None:
+        return plan
+    plan = _Plan()
+    fused_types = fused_word_sums.DEVICE_TYPES
+    fused: dict[torch.device, list[tuple[int, int]]] = defaultdict(list)
+    for i, given in enumerate(tensors):
+        t = readable(given) if given is not None else None
+        if given is not None and t is not given:
+            plan.cacheable = False  # a DTensor's shard, a subclass seen as a Tensor: read anew each call
+        if t is None:
+            plan.fixed[i] = None
+        elif t.is_meta or not t.numel():
+            plan.fixed[i] = 0
+        elif t.device.type in fused_types and t.layout == torch.strided and t.is_contiguous() \
+                and not t.data_ptr() % 8 and not (t.numel() * t.element_size()) % 8:
+            fused[t.device].append((i, t.numel() * t.element_size() // 8))  # its bytes as words
+        else:
+            plan.others.append(i)
+    plan.fused = {device: ([i for i, _ in entries], tuple(n for _, n in entries)) for device, entries in fused.items()}
+    if layout is not None and plan.cacheable:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[layout] = plan
+    return plan
+
+
 @torch.no_grad()
 def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, also_sampled: bool = False) -> Pending:
     """Launch the fingerprint kernels of ``tensors`` without waiting for them; ``sampled``: the
@@ -167,43 +229,36 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
     pass over the tensors (small tensors are summed once for both). On a GPU, the contiguous
     tensors whose bytes start and end on 8-byte boundaries are summed by one kernel per device
     (:mod:`ddpdoctor.rank.fused_word_sums`) where Triton is there."""
+    layout, addresses = _layout(tensors)
+    plan = _plan_of(tensors, layout)
     kernels = _Kernels(sampled, also_sampled)
-    fused: dict[torch.device, list[tuple[int, torch.Tensor, int, int]]] = defaultdict(list)  # one kernel for all
-    fixed: dict[int, list] = {}
-    fused_types = fused_word_sums.DEVICE_TYPES
-    for i, given in enumerate(tensors):
-        t = readable(given) if given is not None else None
-        if t is None:
-            fixed[i] = None
-            continue
-        if t.is_meta or not t.numel():
-            fixed[i] = [0]
-            continue
-        if t.device.type in fused_types and t.layout == torch.strided and t.is_contiguous():
-            address, size = t.data_ptr(), t.numel() * t.element_size()
-            if not address % 8 and not size % 8:  # its bytes as words, read where they are
-                fused[t.device].append((i, t, address, size // 8))
-                continue
-        kernels.add(i, t)
+    for i in plan.others:
+        t = readable(tensors[i])  # type: ignore[arg-type]  (a None is in plan.fixed)
+        if t is not None:
+            kernels.add(i, t)
     mode = "both" if also_sampled else "sampled" if sampled else "full"
     fused_parts: list[tuple[list[int], torch.Tensor]] = []  # the fused kernels' sums, per device
     fused_sampled_parts: list[tuple[list[int], torch.Tensor]] = []
-    for device, entries in fused.items():
-        launched = _fused(device, [address for _, _, address, _ in entries], [n for _, _, _, n in entries], mode)
+    for device, (positions, sizes) in plan.fused.items():
+        launched = _fused(device, tuple([addresses[i] for i in positions]), sizes, mode)
         if launched is None:  # no fused kernel here: the per-tensor kernels, as on any device
-            for i, t, _, _ in entries:
-                kernels.add(i, t)
+            for i in positions:
+                kernels.add(i, readable(tensors[i]))  # type: ignore[arg-type]
             continue
-        positions = [i for i, _, _, _ in entries]
         fused_parts.append((positions, launched[0]))
         if launched[1] is not None:
             fused_sampled_parts.append((positions, launched[1]))
     small_sums = {device: _small_sums([w for _, w in entries]) for device, entries in kernels.small.items()}
-    pending = Pending(len(tensors), _parts(kernels.own, kernels.small, small_sums) + fused_parts, fixed)
+    pending = Pending(len(tensors), _parts(kernels.own, kernels.small, small_sums) + fused_parts, _fixed(plan))
     if also_sampled:
         pending.sample = Pending(len(tensors), _parts(kernels.own_sampled, kernels.small, small_sums)
-                                 + fused_sampled_parts, fixed)
+                                 + fused_sampled_parts, _fixed(plan))
     return pending
+
+
+def _fixed(plan: _Plan) -> dict[int, list]:
+    """A plan's host-known values, as new lists: a consumer may keep or change them."""
+    return {i: None if value is None else [value] for i, value in plan.fixed.items()}  # type: ignore[misc]
 
 
 class _Kernels:
@@ -233,7 +288,7 @@ class _Kernels:
             self.own[t.device].append((i, _sampled_word_sum(words) if self.sampled else words.sum()))
 
 
-def _fused(device: torch.device, addresses: list[int], sizes: list[int],
+def _fused(device: torch.device, addresses: Sequence[int], sizes: Sequence[int],
            mode: str) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """The fused kernel's sums of the words at ``addresses`` on a GPU, or None where it cannot run
     (no Triton, a CUDA graph being captured, a failure: then never again in this process)."""
@@ -282,10 +337,10 @@ def assign(pending: Sequence[Pending], host: list[list]) -> list[list[Fingerprin
     devices = dict.fromkeys(values.device for p in pending for _, values in p.parts)  # gather()'s order
     words = {device: iter(values) for device, values in zip(devices, host)}
     for k, p in enumerate(pending):
+        row = out[k]
         for positions, values in p.parts:
-            read = words[values.device]
-            for position in positions:
-                out[k][position] = [next(read)]
+            for position, value in zip(positions, words[values.device]):  # takes len(positions) values
+                row[position] = [value]
     return out
 
 def resolve(*pending: Pending) -> list[list[Fingerprint]]:

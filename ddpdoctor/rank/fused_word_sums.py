@@ -38,6 +38,8 @@ _failure: Optional[BaseException] = None  # why there is no fused kernel: no Tri
 _launch_failure: Optional[BaseException] = None  # a compile or launch failure (reported as a probe's)
 _lock = threading.Lock()
 _TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = {}
+_ADDRESSES: dict[tuple, torch.Tensor] = {}  # (device, stream, addresses) -> that table on the device
+_MAX_ADDRESS_TABLES = 16
 
 
 def _build_kernel():
@@ -137,6 +139,22 @@ def _table(device: torch.device, sizes: tuple[int, ...], sampled_only: bool, sma
     return cached
 
 
+def _addresses_on(device: torch.device, addresses: tuple[int, ...], pinned: bool) -> torch.Tensor:
+    """The table of ``addresses`` on ``device``, uploaded without a wait; cached, since the same
+    parameters (and, mostly, gradient buffers) come every step: an upload is a pinned allocation
+    and a copy on the host's side, for a read-only table."""
+    # The table is uploaded on the current stream; another stream must not read it before the copy.
+    stream = torch.cuda.current_stream(device).cuda_stream if pinned else 0
+    key = (device, stream, addresses)
+    table = _ADDRESSES.get(key)
+    if table is None:
+        if len(_ADDRESSES) >= _MAX_ADDRESS_TABLES:
+            _ADDRESSES.clear()
+        table = _ADDRESSES[key] = torch.tensor(addresses, dtype=torch.int64, pin_memory=pinned).to(
+            device, non_blocking=True)
+    return table
+
+
 def word_sums(device: torch.device, addresses: Sequence[int], sizes: Sequence[int], mode: str, *, small: int,
               stride: int, run: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The wrapping int64 sums of the ``sizes[i]`` 64-bit words at ``addresses[i]`` (8-byte aligned
@@ -147,7 +165,7 @@ def word_sums(device: torch.device, addresses: Sequence[int], sizes: Sequence[in
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     sizes_on_device, table, starts, programs = _table(device, tuple(sizes), mode == "sampled", small, stride, run)
     on_gpu = device.type == "cuda"
-    table_of_addresses = torch.tensor(addresses, dtype=torch.int64, pin_memory=on_gpu).to(device, non_blocking=True)
+    table_of_addresses = _addresses_on(device, tuple(addresses), on_gpu)
     out = torch.zeros(len(sizes), dtype=torch.int64, device=device)
     out_sampled = torch.zeros(len(sizes), dtype=torch.int64, device=device) if mode == "both" else out
     with torch.cuda.device(device) if on_gpu else contextlib.nullcontext():

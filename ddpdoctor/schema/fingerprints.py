@@ -31,14 +31,8 @@ def _little_endian(values: array[_Number]) -> array[_Number]:
 
 
 def encode_fingerprints(values: Sequence[Fingerprint]) -> str:
-    words = array("q")
-    missing = []
-    for i, value in enumerate(values):
-        if value is None:
-            missing.append(i)
-            words.append(0)
-        else:
-            words.append(int(value[0]))
+    words = array("q", [int(value[0]) if value is not None else 0 for value in values])
+    missing = [i for i, value in enumerate(values) if value is None]
     encoded = _WORDS + base64.b64encode(_little_endian(words).tobytes()).decode("ascii")
     return encoded + ("|" + ",".join(map(str, missing)) if missing else "")
 

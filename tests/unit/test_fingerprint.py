@@ -202,3 +202,53 @@ def test_a_dtensor_is_fingerprinted_by_its_local_shard_without_a_collective():
         assert fp.fingerprint([sharded, sharded.grad]) == [[reference(local)], [reference(local * 2)]]
     finally:
         dist.destroy_process_group()
+
+
+def _fused_by_address(device, addresses, sizes, mode, **_):
+    """A stand-in for the fused kernel on the CPU that reads the words at the given addresses, as the
+    kernel does: a plan with a stale address or size gives the wrong sum here too."""
+    import ctypes
+
+    sums = [int(np.ctypeslib.as_array((ctypes.c_int64 * n).from_address(a)).astype(object).sum()) % 2 ** 64
+            for a, n in zip(addresses, sizes)]
+    out = torch.tensor([s - 2 ** 64 if s >= 2 ** 63 else s for s in sums], dtype=torch.int64)
+    return out, (out.clone() if mode == "both" else None)
+
+
+def test_a_cached_plan_reads_each_calls_tensors_as_they_are_now(monkeypatch):
+    """start() keeps how it reads a list of tensors from one call to the next (the same parameters
+    come every step, and gradients of the same sizes). Values changed in place, and a tensor at a new
+    address, are read anew with the same plan; a tensor resized, seen through a non-contiguous view
+    at the same address, or gone, gets a new plan."""
+    from ddpdoctor.rank import fused_word_sums
+
+    monkeypatch.setattr(fused_word_sums, "DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(fused_word_sums, "available", lambda: True)
+    monkeypatch.setattr(fused_word_sums, "word_sums", _fused_by_address)
+    monkeypatch.setattr(fp, "_PLANS", {})
+    generator = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(64, 64, generator=generator), torch.randn(5, generator=generator),  # 20 bytes: per tensor
+               torch.randn(8, 6, generator=generator)]
+
+    def check(given):
+        want = [[reference(t)] if t is not None else None for t in given]
+        assert fp.fingerprint(given) == want
+        return want
+
+    first = check(tensors)
+    assert len(fp._PLANS) == 1
+    tensors[0].mul_(2)  # in place: the same plan, new values
+    assert check(tensors) != first and len(fp._PLANS) == 1
+    tensors[2].data = torch.randn(8, 6, generator=generator)  # p.data replaced: another address, same plan
+    check(tensors)
+    assert len(fp._PLANS) == 1
+    tensors[0].resize_(32, 64)  # smaller in place: the same address, fewer bytes
+    check(tensors)
+    square = torch.randn(8, 8, generator=generator)
+    check([square, tensors[1]])
+    check([square.t(), tensors[1]])  # the same address and size, not contiguous: read per tensor
+    check([None, tensors[1], torch.empty(0)])
+    assert len(fp._PLANS) == 5
+    zero = fp.start([None, torch.empty(0)]).values()
+    zero[1].append(1)  # a consumer's change to a value stays its own
+    assert fp.start([None, torch.empty(0)]).values() == [None, [0]]

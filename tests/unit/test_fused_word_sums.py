@@ -64,6 +64,16 @@ _CHECKS = textwrap.dedent("""
         fused._failure = None
         assert got == want, (options, got, want)
 
+    # the same tensors again, one changed in place: the cached plan and address table read its new bytes
+    saved = given[1].clone()
+    given[1].mul_(3)
+    again = fp.start(given).values()
+    fused.disable(RuntimeError("off"))
+    again_unfused = fp.start(given).values()
+    fused._failure = None
+    assert again == again_unfused and again[1] != [full[1]], (again, again_unfused)
+    given[1].copy_(saved)
+
     # a launch that fails: the per-tensor kernels give the same values, and the failure is kept
     real = fused.word_sums
     def broken(*args, **kwargs):

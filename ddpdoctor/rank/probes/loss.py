@@ -257,8 +257,12 @@ def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.T
     window = _WINDOW
     sampled = -(-parameters // _stride(parameters))
     k = max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, sampled), grad.numel()))
-    with torch.no_grad():
-        sample = grad.detach().reshape(-1)[:k].to(torch.float64, copy=True)
+    if grad.requires_grad:  # a backward with create_graph: the sample must not join its graph
+        grad = grad.detach()
+    # Two ops, each a launch on a GPU's host: a view of the first k coordinates (flatten copies
+    # only a non-contiguous gradient) and one copy that widens them.
+    sample = grad.view(-1)[:k] if grad.is_contiguous() else grad.reshape(-1)[:k]
+    sample = sample.to(torch.float64, copy=True)
     window.grads.setdefault(window.backwards, {})[(ddp, position)] = sample
 
 
