@@ -171,7 +171,8 @@ class _Plan:
 
     def __init__(self) -> None:
         self.fixed: dict[int, Optional[int]] = {}  # position -> None (no tensor) or 0 (no bytes)
-        self.fused: dict[torch.device, tuple[list[int], tuple[int, ...]]] = {}
+        # device -> (positions, word counts, the addresses when the plan was made)
+        self.fused: dict[torch.device, tuple[list[int], tuple[int, ...], tuple[int, ...]]] = {}
         self.others: list[int] = []
         self.cacheable = True  # False when a tensor needed more than its layout to read (a subclass)
 
@@ -193,13 +194,14 @@ def _layout(tensors: Sequence[Optional[torch.Tensor]]) -> tuple[Optional[tuple],
             [e[4] if e is not None else 0 for e in entries])
 
 
-def _plan_of(tensors: Sequence[Optional[torch.Tensor]], layout: Optional[tuple]) -> _Plan:
+def _plan_of(tensors: Sequence[Optional[torch.Tensor]], layout: Optional[tuple]) -> tuple[_Plan, bool]:
+    """(the plan for ``tensors``, whether it was made now: then its addresses are theirs)."""
     plan = _PLANS.get(layout) if layout is not None else None
     if plan is not None:
-        return plan
+        return plan, False
     plan = _Plan()
     fused_types = fused_word_sums.DEVICE_TYPES
-    fused: dict[torch.device, list[tuple[int, int]]] = defaultdict(list)
+    fused: dict[torch.device, list[tuple[int, int, int]]] = defaultdict(list)
     for i, given in enumerate(tensors):
         t = readable(given) if given is not None else None
         if given is not None and t is not given:
@@ -210,15 +212,16 @@ def _plan_of(tensors: Sequence[Optional[torch.Tensor]], layout: Optional[tuple])
             plan.fixed[i] = 0
         elif t.device.type in fused_types and t.layout == torch.strided and t.is_contiguous() \
                 and not t.data_ptr() % 8 and not (t.numel() * t.element_size()) % 8:
-            fused[t.device].append((i, t.numel() * t.element_size() // 8))  # its bytes as words
+            fused[t.device].append((i, t.numel() * t.element_size() // 8, t.data_ptr()))  # its bytes as words
         else:
             plan.others.append(i)
-    plan.fused = {device: ([i for i, _ in entries], tuple(n for _, n in entries)) for device, entries in fused.items()}
+    plan.fused = {device: ([i for i, _, _ in entries], tuple(n for _, n, _ in entries), tuple(a for _, _, a in entries))
+                  for device, entries in fused.items()}
     if layout is not None and plan.cacheable:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[layout] = plan
-    return plan
+    return plan, True
 
 
 @torch.no_grad()
@@ -230,7 +233,7 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
     tensors whose bytes start and end on 8-byte boundaries are summed by one kernel per device
     (:mod:`ddpdoctor.rank.fused_word_sums`) where Triton is there."""
     layout, addresses = _layout(tensors)
-    plan = _plan_of(tensors, layout)
+    plan, made_now = _plan_of(tensors, layout)
     kernels = _Kernels(sampled, also_sampled)
     for i in plan.others:
         t = readable(tensors[i])  # type: ignore[arg-type]  (a None is in plan.fixed)
@@ -239,8 +242,9 @@ def start(tensors: Sequence[Optional[torch.Tensor]], *, sampled: bool = False, a
     mode = "both" if also_sampled else "sampled" if sampled else "full"
     fused_parts: list[tuple[list[int], torch.Tensor]] = []  # the fused kernels' sums, per device
     fused_sampled_parts: list[tuple[list[int], torch.Tensor]] = []
-    for device, (positions, sizes) in plan.fused.items():
-        launched = _fused(device, tuple([addresses[i] for i in positions]), sizes, mode)
+    for device, (positions, sizes, made_at) in plan.fused.items():
+        # A plan made now has the addresses of what it read (a DTensor's shard, not the DTensor).
+        launched = _fused(device, made_at if made_now else tuple([addresses[i] for i in positions]), sizes, mode)
         if launched is None:  # no fused kernel here: the per-tensor kernels, as on any device
             for i in positions:
                 kernels.add(i, readable(tensors[i]))  # type: ignore[arg-type]

@@ -179,15 +179,32 @@ def test_a_wrapper_subclass_is_not_fingerprinted_and_breaks_nothing_else():
     assert fp.fingerprint([plain, wrapped, None]) == [[reference(plain)], None, None]
 
 
-def test_a_plain_subclass_is_read_as_its_bytes():
+def _use_fused_stand_in(monkeypatch) -> None:
+    """Fused reads on the CPU, by :func:`_fused_by_address`, as a GPU's would be; no plan kept from before."""
+    from ddpdoctor.rank import fused_word_sums
+
+    monkeypatch.setattr(fused_word_sums, "DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(fused_word_sums, "available", lambda: True)
+    monkeypatch.setattr(fused_word_sums, "word_sums", _fused_by_address)
+    monkeypatch.setattr(fp, "_PLANS", {})
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["per-tensor", "fused"])
+def test_a_plain_subclass_is_read_as_its_bytes(monkeypatch, fused):
     class Tagged(torch.Tensor):
         pass
 
+    if fused:
+        _use_fused_stand_in(monkeypatch)
     t = torch.randn(64)
-    assert fp.fingerprint([t.as_subclass(Tagged), torch.nn.Parameter(t.clone())]) == [[reference(t)]] * 2
+    for _ in range(2):  # the second call as a step after the first: a subclass's plan is made anew
+        assert fp.fingerprint([t.as_subclass(Tagged), torch.nn.Parameter(t.clone())]) == [[reference(t)]] * 2
 
 
-def test_a_dtensor_is_fingerprinted_by_its_local_shard_without_a_collective():
+@pytest.mark.parametrize("fused", [False, True], ids=["per-tensor", "fused"])
+def test_a_dtensor_is_fingerprinted_by_its_local_shard_without_a_collective(monkeypatch, fused):
+    """Also read by the fused kernel (FSDP2 on a GPU): at its shard's address, not the DTensor's
+    (which has none), at every call."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
@@ -199,7 +216,11 @@ def test_a_dtensor_is_fingerprinted_by_its_local_shard_without_a_collective():
         sharded = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)]))
         sharded.grad = DTensor.from_local(local * 2, mesh, [Shard(0)])
         assert fp.readable(sharded).data_ptr() == local.data_ptr()  # the shard itself, no copy
-        assert fp.fingerprint([sharded, sharded.grad]) == [[reference(local)], [reference(local * 2)]]
+        if fused:
+            _use_fused_stand_in(monkeypatch)
+        for _ in range(2):
+            assert fp.fingerprint([sharded, sharded.grad, torch.ones(8)]) == [
+                [reference(local)], [reference(local * 2)], [reference(torch.ones(8))]]
     finally:
         dist.destroy_process_group()
 
@@ -220,12 +241,7 @@ def test_a_cached_plan_reads_each_calls_tensors_as_they_are_now(monkeypatch):
     come every step, and gradients of the same sizes). Values changed in place, and a tensor at a new
     address, are read anew with the same plan; a tensor resized, seen through a non-contiguous view
     at the same address, or gone, gets a new plan."""
-    from ddpdoctor.rank import fused_word_sums
-
-    monkeypatch.setattr(fused_word_sums, "DEVICE_TYPES", ("cpu",))
-    monkeypatch.setattr(fused_word_sums, "available", lambda: True)
-    monkeypatch.setattr(fused_word_sums, "word_sums", _fused_by_address)
-    monkeypatch.setattr(fp, "_PLANS", {})
+    _use_fused_stand_in(monkeypatch)
     generator = torch.Generator().manual_seed(5)
     tensors = [torch.randn(64, 64, generator=generator), torch.randn(5, generator=generator),  # 20 bytes: per tensor
                torch.randn(8, 6, generator=generator)]
