@@ -161,8 +161,9 @@ def _small_sums(words: list[torch.Tensor]) -> torch.Tensor:
 
 class _Plan:
     """How :func:`start` reads one list of tensors: positions with a value known on the host, the
-    fused kernel's tensors per device (their positions and word counts; their addresses are read
-    at each call), and the positions for the per-tensor kernels. Kept per list layout
+    fused kernel's tensors per device (their positions, word counts, and addresses when the plan was
+    made: a kept plan reads them anew at each call), and the positions for the per-tensor kernels.
+    Kept per list layout
     (:func:`_layout`): the same parameters come every step, and gradients of the same sizes (at
     new addresses, on a CPU), and sorting 149 tensors anew in Python cost more than the kernel's
     launch."""
