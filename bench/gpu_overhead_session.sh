@@ -4,20 +4,29 @@
 # job's mean step, plain against this build and against an earlier one side by side.
 #
 #   git archive <earlier commit> pyproject.toml README.md ddpdoctor checks fixtures | tar -x -C .before/src
-#   OUT=/tmp/gpu-out [PARTS="tests checks kinds trace steps"] bash bench/gpu_overhead_session.sh [.before/src]
+#   OUT=/tmp/gpu-out [PARTS="tests checks probes steps trace kinds"] bash bench/gpu_overhead_session.sh [.before/src]
 #
-# PARTS: tests (the host-copy unit tests on CUDA), checks (GPU fixtures), kinds (bench/step_kinds.py
-# on the full GPT: host CPU and mean wall step per step kind, then a profile by own time), trace
-# (torch.profiler over five steps of each kind: every thread's ops, the kernels by device time), steps
-# (bench/gpu.py: the GPT job's mean step, plain against ddpdoctor, and the earlier build if given;
-# ROUNDS of them, 3 unless set, of STEPS steps, 110 unless set, with the GPU's utilisation and clocks
-# sampled every 200 ms into $OUT/smi.csv, and the processes on it every 2 s into $OUT/apps.txt),
-# in that order.
+# PARTS, run in this order whatever order they are given in:
+#   tests: the host-copy and fused-kernel unit tests on CUDA;
+#   checks: ddpdoctor on the GPU fixtures;
+#   probes: bench/step_kinds.py --probe-times on the full GPT: each probe function's CPU per step,
+#     by the clock of the thread it ran on;
+#   steps: bench/gpu.py: the GPT job's mean step, plain against ddpdoctor (and the earlier build if
+#     given), ROUNDS rounds (3 unless set) of STEPS steps (110 unless set), with the GPU's
+#     utilisation and clocks sampled every 200 ms into $OUT/smi.csv and the processes on it every
+#     2 s into $OUT/apps.txt;
+#   trace: torch.profiler over five steps of each kind: every thread's ops, the kernels by device time;
+#   kinds: bench/step_kinds.py on the full GPT: host CPU and mean wall step per step kind, then a
+#     profile by own time.
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 BEFORE=${1:-}
-PARTS=${PARTS:-tests checks kinds steps}
+PARTS=${PARTS:-tests checks probes kinds steps}
 want() { [[ " $PARTS " == *" $1 "* ]]; }
+for part in $PARTS; do
+    [[ " tests checks probes steps trace kinds " == *" $part "* ]] \
+        || { echo "unknown part $part: choose from tests checks probes steps trace kinds"; exit 2; }
+done
 mkdir -p "$OUT"
 install() {  # install SOURCE TARGET: a build beside the machine's own torch, without dependencies
     python3 -m pip install --no-build-isolation --no-deps -q --target "$2" "$1" >>"$OUT/install.log" 2>&1 \
@@ -84,6 +93,11 @@ if want checks; then
     check shared_bad "$G/shared_gpu_sync.py" -n 2 --device native --fingerprint-every 1 -- --bug scale-grad
     check amp "$F/gpu_amp.py" -n 1 --device native --fingerprint-every 1
     check trainer_bug "$F/gpu_trainer.py" -n 1 --device native -- --total-epochs 2 --bug set-epoch
+fi
+if want probes; then
+    echo "== each probe function's CPU per step, the full GPT on the GPU"
+    timeout 100 python3 bench/step_kinds.py --model gpt-cuda --probe-times --steps 50 --rounds 1 2>&1 \
+        | tee "$OUT/probe-times.txt" | tail -26
 fi
 if want steps; then
     echo "== the GPT job's mean step"
