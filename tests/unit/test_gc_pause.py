@@ -43,6 +43,20 @@ SCRIPT = textwrap.dedent("""
     dist.init_process_group("gloo", rank=0, world_size=1)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     seen["young_after_ddp"] = len(gc.get_objects(0)) + len(gc.get_objects(1))
+    # A training loop's churn, until the middle generation has been collected 15 times: no full
+    # collection. (The collector runs one once 10 middle ones have moved a quarter of what the last
+    # full one counted to the old generation; with no full one since torch's import, that count is
+    # stale, and the loop ran one: 55 ms in a GPT's training loop.)
+    class Node:
+        pass
+    stats = gc.get_stats()
+    middle, full, batch, rounds = stats[1]["collections"], stats[2]["collections"], [], 0
+    while gc.get_stats()[1]["collections"] - middle < 15 and rounds < 100_000:
+        batch = [Node() for _ in range(1000)]
+        rounds += 1
+    del batch
+    seen["middle_collections_15"] = gc.get_stats()[1]["collections"] - middle >= 15
+    seen["full_collections_in_loop"] = gc.get_stats()[2]["collections"] - full
     model(torch.randn(2, 4)).sum().backward()
     seen["enabled_after_ddp"] = gc.isenabled()
     seen["torch_frozen"] = frozen_by_import > 100_000
@@ -74,7 +88,7 @@ def test_no_collection_runs_inside_torchs_imports_torchs_objects_are_frozen_and_
     assert seen.pop("young_after_ddp") < 20_000
     assert seen == {"enabled_after_import": True, "enabled_after_ddp": True, "dynamo_imported": True,
                     "collects_after": True, "torch_frozen": True, "froze_more_later": False,
-                    "scripts_cycle_collected": True}
+                    "scripts_cycle_collected": True, "middle_collections_15": True, "full_collections_in_loop": 0}
     # At most the one collection that runs as the pause ends, while importlib still marks the module
     # as importing; unpaused, each import runs hundreds.
     assert during["torch"] <= 1 and during["torch._dynamo"] <= 1, during

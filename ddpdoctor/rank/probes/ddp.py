@@ -114,10 +114,15 @@ def total_synced_forwards() -> int:
 
 def _import_dynamo_quietly() -> None:
     """Import torch._dynamo, which DDP's constructor is about to import anyway, with the collector
-    paused (:mod:`ddpdoctor.rank.gc_pause`), then move what survived it to the collector's old
-    generation in one scan. Left in the young generation, its 200,000 objects were scanned by the
-    first collections after it instead: one of them, in the training loop, took 65 ms (2% of a
-    40-step job's mean step); unpaused, each young collection of the import scans them again. An
+    paused (:mod:`ddpdoctor.rank.gc_pause`), then run one full collection, which moves what survived
+    it to the collector's old generation. Left in the young generation, its 200,000 objects were
+    scanned by the first collections after it instead: one of them, in the training loop, took
+    65 ms (2% of a 40-step job's mean step); unpaused, each young collection of the import scans
+    them again. A full collection, not only of the young generations, because the collector
+    decides when to run the next full one from the size the last full one found: with none since
+    torch's paused import, that size was stale, and the training loop ran one (55 ms, at step 117
+    of a GPT with every step fingerprinted). Here it costs what collecting the young generations
+    did: the old one holds little but what torch's import froze, which no collection scans. An
     import that fails is left for the constructor to raise, as it would without ddpdoctor."""
     if "torch._dynamo" in sys.modules:
         return
@@ -127,7 +132,7 @@ def _import_dynamo_quietly() -> None:
         except Exception:
             pass
     if gc.isenabled():  # a script that turned the collector off gets no collection from ddpdoctor
-        gc.collect(1)
+        gc.collect()
 
 
 def install(rec: Recorder) -> Callable[[], None]:
