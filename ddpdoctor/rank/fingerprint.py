@@ -163,10 +163,9 @@ class _Plan:
     """How :func:`start` reads one list of tensors: positions with a value known on the host, the
     fused kernel's tensors per device (their positions, word counts, and addresses when the plan was
     made: a kept plan reads them anew at each call), and the positions for the per-tensor kernels.
-    Kept per list layout
-    (:func:`_layout`): the same parameters come every step, and gradients of the same sizes (at
-    new addresses, on a CPU), and sorting 149 tensors anew in Python cost more than the kernel's
-    launch."""
+    Kept per list layout (:func:`_layout`): the same parameters come every step, and gradients of
+    the same sizes (at new addresses), and sorting 149 tensors anew in Python cost more than the
+    kernel's launch."""
 
     __slots__ = ("fixed", "fused", "others", "cacheable")
 
@@ -212,8 +211,8 @@ def _plan_of(tensors: Sequence[Optional[torch.Tensor]], layout: Optional[tuple])
         elif t.is_meta or not t.numel():
             plan.fixed[i] = 0
         elif t.device.type in fused_types and t.layout == torch.strided and t.is_contiguous() \
-                and not t.data_ptr() % 8 and not (t.numel() * t.element_size()) % 8:
-            fused[t.device].append((i, t.numel() * t.element_size() // 8, t.data_ptr()))  # its bytes as words
+                and not t.data_ptr() % 8 and not t.nbytes % 8:
+            fused[t.device].append((i, t.nbytes // 8, t.data_ptr()))  # its bytes as words, where they are
         else:
             plan.others.append(i)
     plan.fused = {device: ([i for i, _, _ in entries], tuple(n for _, n, _ in entries), tuple(a for _, _, a in entries))

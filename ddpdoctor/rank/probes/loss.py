@@ -259,10 +259,9 @@ def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.T
     k = max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, sampled), grad.numel()))
     if grad.requires_grad:  # a backward with create_graph: the sample must not join its graph
         grad = grad.detach()
-    # Two ops, each a launch on a GPU's host: a view of the first k coordinates (flatten copies
-    # only a non-contiguous gradient) and one copy that widens them.
-    sample = grad.view(-1)[:k] if grad.is_contiguous() else grad.reshape(-1)[:k]
-    sample = sample.to(torch.float64, copy=True)
+    # A view of the first k coordinates (reshape copies only a non-contiguous gradient) and one
+    # copy that widens them: few ops, each a launch on a GPU's host.
+    sample = grad.reshape(-1)[:k].to(torch.float64, copy=True)
     window.grads.setdefault(window.backwards, {})[(ddp, position)] = sample
 
 
