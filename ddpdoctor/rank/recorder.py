@@ -23,6 +23,11 @@ from ddpdoctor.schema.observations import Heartbeat
 from ddpdoctor.schema.settings import RankSettings
 
 
+# One encoder for every line: json.dumps with options builds a new one per call (a few microseconds,
+# and a step writes several events). encode() keeps no state between calls: any thread may use it.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 class StepTiming:
     """When the phases of the running optimizer step began (wall times), for the report's timeline
     and --trace: the first DDP forward, the first and last gradient, the optimizer's own step, and
@@ -120,7 +125,7 @@ class Recorder:
         return event
 
     def _append(self, event: Event) -> None:
-        line = json.dumps(event.to_json(), separators=(",", ":"), default=str)
+        line = _ENCODER.encode(event.to_json())
         with self._lock:
             self.progress += 1
             if not self._file.closed:

@@ -37,6 +37,11 @@ Frames = list[dict[str, Any]]  # outermost-first frames: [{"file", "line", "func
 Fingerprint = Optional[list[float]]  # [sum, norm] of one tensor, None for a missing tensor
 
 
+# Types a field's value is written as it is (a nested record, an enum and the rest go through to_json's
+# slower path): exact types, so that a subclass of one (a dataclass subclassing dict) takes that path too.
+_JSON_TYPES = frozenset({type(None), bool, int, float, str, list, dict})
+
+
 @dataclass(kw_only=True, slots=True)
 class Event:
     """Fields every event carries; subclasses add their own and name their ``kind``."""
@@ -54,7 +59,10 @@ class Event:
         out: dict[str, Any] = {"kind": self.kind}
         for name in _field_names(type(self)):  # type: ignore[arg-type]  # see _field_names
             value = getattr(self, name)
-            if value is None and name in self.omit_if_none:
+            if type(value) in _JSON_TYPES:  # almost every value: no dataclass test (a step writes several events)
+                if value is None and name in self.omit_if_none:
+                    continue
+                out[name] = value
                 continue
             is_record = dataclasses.is_dataclass(value) and not isinstance(value, type)  # a nested record
             out[name] = dataclasses.asdict(value) if is_record else value

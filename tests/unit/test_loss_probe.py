@@ -124,3 +124,27 @@ def test_unsampled_windows_and_calls_without_gradients_cost_nothing(probe):
         F.cross_entropy(logits, target)  # an evaluation
     loss_probe.close_window(rec, 3, next_sampled=True)
     assert windows() == []
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(6, 7),  # contiguous
+    lambda: torch.randn(7, 6).t(),  # transposed: its row-major coordinates are not its memory order
+    lambda: torch.randn(2, 8, 3, 3).to(memory_format=torch.channels_last),
+    lambda: torch.randn(40, dtype=torch.bfloat16),
+    lambda: torch.randn(3),  # fewer coordinates than a sample takes
+    lambda: torch.randn(0),
+])
+def test_a_local_gradient_sample_is_its_first_row_major_coordinates_widened_exactly(make):
+    grad = make()
+    window = loss_probe._WINDOW
+    saved = (window.grads, window.backwards)
+    window.grads, window.backwards = {}, 1
+    try:
+        loss_probe.record_grad(0, 0, 1, grad)
+        layout, (joined,) = loss_probe._grad_samples(window)
+    finally:
+        window.grads, window.backwards = saved
+    k = min(loss_probe.MAX_PER_PARAMETER, grad.numel())
+    assert layout == [[0, 0, k]]
+    assert joined.dtype == torch.float64
+    assert torch.equal(joined, grad.reshape(-1)[:k].to(torch.float64))
