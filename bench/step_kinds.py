@@ -76,6 +76,9 @@ TIMED_PROBE_FUNCTIONS = (
     ("ddpdoctor.rank.probes.optimizer", "_capture_config", "optimizer: config digest"),
     ("ddpdoctor.rank.probes.optimizer", "_fingerprint_step", "optimizer: parameter read and step record"),
     ("ddpdoctor.rank.recorder", "Recorder._append", "event writes"),
+    ("ddpdoctor.rank.probes.data", "_notify", "data probe: its listeners (the content probe's batch rows)"),
+    ("ddpdoctor.rank.probes.content", "_ContentProbe.on_forward", "content probe: forward inputs' rows"),
+    ("ddpdoctor.rank.clock", "CollectiveClock._sync", "collective clock: reads and books DDP's collectives"),
 )
 
 
