@@ -134,7 +134,10 @@ def test_unsampled_windows_and_calls_without_gradients_cost_nothing(probe):
     lambda: torch.randn(3),  # fewer coordinates than a sample takes
     lambda: torch.randn(0),
 ])
-def test_a_local_gradient_sample_is_its_first_row_major_coordinates_widened_exactly(make):
+@pytest.mark.parametrize("take", [True, False], ids=["take", "other-backends"])
+def test_a_local_gradient_sample_is_its_first_row_major_coordinates_widened_exactly(make, take, monkeypatch):
+    if not take:
+        monkeypatch.setattr(loss_probe, "_TAKE_DEVICES", ())
     grad = make()
     window = loss_probe._WINDOW
     saved = (window.grads, window.backwards)

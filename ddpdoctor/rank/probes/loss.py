@@ -259,11 +259,17 @@ def record_grad(ddp: int, position: int, parameters: int, grad: Optional[torch.T
     k = min(max(1, min(MAX_PER_PARAMETER, GRAD_COORDINATES // max(1, sampled))), grad.numel())
     if grad.requires_grad:  # a backward with create_graph: the sample must not join its graph
         grad = grad.detach()
-    # One op, a launch on a GPU's host: a copy of the first k coordinates in row-major order, whatever
-    # the gradient's strides, in its own dtype (widened to float64 when the window joins them). A view,
-    # a slice and a widening copy took three, 17 us on a CPU against 2.
-    sample = torch.take(grad, _first_coordinates(k, grad.device))
+    if grad.device.type in _TAKE_DEVICES:
+        # One op, a launch on a GPU's host: a copy of the first k coordinates in row-major order, whatever
+        # the gradient's strides, in its own dtype (widened to float64 when the window joins them). A
+        # view, a slice and a copy took three, 17 us on a CPU against 2.
+        sample = torch.take(grad, _first_coordinates(k, grad.device))
+    else:  # the same values, by ops every backend has
+        sample = grad.reshape(-1)[:k].clone()
     window.grads.setdefault(window.backwards, {})[(ddp, position)] = sample
+
+
+_TAKE_DEVICES = ("cpu", "cuda")  # where torch.take is a kernel of its own
 
 
 @functools.lru_cache(maxsize=32)
