@@ -63,17 +63,16 @@ def _exact_hashes(batch: torch.Tensor) -> list[int]:
     bits = flat.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()])
     if bits.element_size() == 8:
         bits = (bits ^ (bits >> 32)) & 0xFFFFFFFF
-    projection, _ = module._device_constants(batch.device)
-    sums = (bits.to(torch.float64) @ projection[:, :width].t()).tolist()
+    sums = (bits.to(torch.float64) @ module._projection(batch.device)[:width]).tolist()
     k0, k1, k2, k3 = module._MULTIPLIERS
-    seed = width * module._WIDTH_MULTIPLIER
+    seed = width * 0xFF51AFD7ED558CCD
     return [(seed ^ int(a) * k0 ^ int(b) * k1 ^ int(c) * k2 ^ int(d) * k3 ^ (int(a) >> 20) * k3) & (2**63 - 1)
             for a, b, c, d in sums]
 
 
-def test_the_device_side_mixing_equals_the_exact_integer_hashes():
-    """The int64 arithmetic wraps: its low 63 bits must be the exact integers' for negative sums (a
-    float's sign bit read as an int32), sums near 2**52 and every element size."""
+def test_the_hashes_equal_the_documented_projection_and_mix():
+    """Negative sums (a float's sign bit read as an int32), sums near 2**52 and every element size,
+    through the kept CPU buffer and the transposed projection."""
     batches = [torch.randn(64, 1024), -torch.rand(8, 300) * 1e30, torch.randint(-2**15, 2**15 - 1, (5, 7),
                dtype=torch.int16), torch.randn(4, 1024, dtype=torch.float64), torch.randn(3, 17, dtype=torch.bfloat16),
                torch.randint(0, 256, (6, 9), dtype=torch.uint8), torch.full((2, 1024), -1, dtype=torch.int32)]

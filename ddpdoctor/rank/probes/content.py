@@ -252,7 +252,7 @@ class _ContentProbe:
             if cached is not None:
                 self._forward_rows(cached, *fed)
                 return
-            on_device = fingerprints.start(tensor)
+            sums, width = fingerprints.start(tensor)
             # The hashes are filled in when they arrive; only a weak reference waits with them, so
             # the batch is not kept alive for the step it may take.
             ref, version = weakref.ref(tensor), tensor._version
@@ -261,12 +261,12 @@ class _ContentProbe:
             def arrived(host: Optional[list[list]]) -> None:
                 if host is None:
                     return
-                hashes = host[0]
+                hashes = fingerprints.mix(host[0], width)
                 if self.last[0] is ref:
                     self.last = (ref, version, hashes)
                 self._forward_rows(hashes, *fed)
 
-            self.rec.host_copies.later([on_device], arrived)
+            self.rec.host_copies.later([sums], arrived)
 
     def _forward_rows(self, hashes: Optional[list[int]], feeding: Optional[_Stream],
                       feeding_hashes: Optional[list[int]], index: int, site: list) -> None:
