@@ -59,13 +59,12 @@ class Event:
         out: dict[str, Any] = {"kind": self.kind}
         for name in _field_names(type(self)):  # type: ignore[arg-type]  # see _field_names
             value = getattr(self, name)
-            if type(value) in _JSON_TYPES:  # almost every value: no dataclass test (a step writes several events)
-                if value is None and name in self.omit_if_none:
-                    continue
-                out[name] = value
+            if value is None and name in self.omit_if_none:
                 continue
-            is_record = dataclasses.is_dataclass(value) and not isinstance(value, type)  # a nested record
-            out[name] = dataclasses.asdict(value) if is_record else value
+            # A plain value (almost every one) skips the dataclass test: a step writes several events.
+            if type(value) not in _JSON_TYPES and dataclasses.is_dataclass(value) and not isinstance(value, type):
+                value = dataclasses.asdict(value)  # a nested record
+            out[name] = value
         return out
 
 
