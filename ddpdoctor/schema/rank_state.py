@@ -28,6 +28,7 @@ _DDP_WAITS = (
     ("_sync_params_and_buffers", "DDP's constructor (broadcasting parameters from rank 0)"),
     ("__init__", "DDP's constructor"),
 )
+_IMPORTLIB = "<frozen importlib"  # the import system's frames: <frozen importlib._bootstrap(_external)>
 _KNOWN_BUSY = (
     ("torch/utils/data", "the DataLoader (waiting for a batch)"),
     ("torch/serialization.py", "torch.save / torch.load"),
@@ -78,6 +79,9 @@ def classify(stack: list[dict[str, Any]], activity: str = "") -> tuple[str, Opti
                 return "waiting", what
     if in_backward(stack):
         return "waiting", BACKWARD
+    importing = _importing(stack, files)
+    if importing is not None:
+        return "busy", importing
     if any("torch/distributed" in path for path in files):
         inner: dict[str, Any] = next(
             (f for f, p in zip(reversed(stack), reversed(files)) if "torch/distributed" in p), {})
@@ -91,6 +95,31 @@ def classify(stack: list[dict[str, Any]], activity: str = "") -> tuple[str, Opti
     user = [f for f in stack if f.get("user")]
     caller = f" called from {user[-1]['file'].rsplit('/', 1)[-1]}:{user[-1]['line']}" if user else ""
     return "busy", _busy_in(stack, files) + caller
+
+
+def _importing(stack: list[dict[str, Any]], files: list[str]) -> Optional[str]:
+    """"an import (<file>)" when the rank runs a library module's top-level code and no communication
+    call encloses the import.
+
+    A module's top-level code under torch/distributed (torch.distributed.tensor registering its ops,
+    imported lazily by the script or a library) is not a collective: on a loaded machine such an
+    import takes seconds, and calling it a wait would make a slow start look like a hang."""
+    first = next((i for i, path in enumerate(files) if path.startswith(_IMPORTLIB)), None)
+    if first is None or any("torch/distributed" in path or path.endswith(DDP_FILE) for path in files[:first]):
+        return None
+    modules = [(frame, path) for frame, path in zip(stack[first:], files[first:])
+               if frame.get("function") == "<module>"]
+    if modules and modules[-1][0].get("user"):
+        return None  # the script's own module runs its top-level code: the usual rules say what it does
+    user = [f for f in stack[:first] if f.get("user")]
+    caller = f" called from {user[-1]['file'].rsplit('/', 1)[-1]}:{user[-1]['line']}" if user else ""
+    return f"an import ({_short_path(modules[-1][1]) if modules else 'finding the module'}){caller}"
+
+
+def _short_path(path: str) -> str:
+    """A module's file from its package root: the part after site-packages, else its last two parts."""
+    tail = path.rsplit("site-packages/", 1)[-1]
+    return tail if tail != path else "/".join(path.rsplit("/", 2)[-2:])
 
 
 def _busy_in(stack: list[dict[str, Any]], files: list[str]) -> str:

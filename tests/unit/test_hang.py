@@ -124,6 +124,36 @@ def test_a_custom_functions_forward_under_autograd_is_not_the_backward():
     assert live_state(stack) == ("saving a checkpoint", None)  # get_model_state_dict: torch/distributed/checkpoint
 
 
+IMPORT = "<frozen importlib._bootstrap>"
+
+
+def test_a_torch_distributed_module_being_imported_is_busy_not_waiting():
+    """torch.distributed.tensor registering its ops at import runs code under torch/distributed but
+    calls no collective: a slow import on a loaded machine is not a wait for the peers."""
+    stack = [frame("/job/train.py", "main", user=True),
+             frame(IMPORT, "_find_and_load"), frame(IMPORT, "_call_with_frames_removed"),
+             frame(f"{TORCH}/distributed/tensor/__init__.py", "<module>"),
+             frame(IMPORT, "_find_and_load"), frame(IMPORT, "_call_with_frames_removed"),
+             frame(f"{TORCH}/distributed/tensor/_ops/_matrix_ops.py", "<module>"),
+             frame(f"{TORCH}/distributed/tensor/_ops/utils.py", "register_op_strategy")]
+    assert classify(stack, beat()) == ("busy", "an import (torch/distributed/tensor/_ops/_matrix_ops.py) "
+                                               "called from train.py:1")
+    finding = [frame("/job/train.py", "<module>", user=True), frame(IMPORT, "_find_and_load"),
+               frame("<frozen importlib._bootstrap_external>", "_path_stat")]
+    assert classify(finding, beat()) == ("busy", "an import (finding the module) called from train.py:1")
+
+
+def test_a_collective_that_imports_or_a_users_module_calling_one_at_import_still_waits():
+    inside_call = [frame("/job/train.py", "main", user=True),
+                   frame(f"{TORCH}/distributed/distributed_c10d.py", "init_process_group"),
+                   frame(IMPORT, "_find_and_load"), frame(f"{TORCH}/distributed/rendezvous.py", "<module>")]
+    assert classify(inside_call, beat())[0] == "waiting"
+    users_module = [frame("/job/train.py", "<module>", user=True), frame(IMPORT, "_find_and_load"),
+                    frame("/job/helpers.py", "<module>", user=True),
+                    frame(f"{TORCH}/distributed/distributed_c10d.py", "barrier")]
+    assert classify(users_module, beat()) == ("waiting", "a torch.distributed call (barrier)")
+
+
 @pytest.mark.parametrize("entry", [(f"{TORCH}/_tensor.py", "backward"), (f"{TORCH}/autograd/__init__.py", "backward"),
                                    (f"{TORCH}/autograd/__init__.py", "grad"),
                                    (f"{TORCH}/autograd/graph.py", "_engine_run_backward")])
