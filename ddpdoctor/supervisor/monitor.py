@@ -21,6 +21,10 @@ from ddpdoctor.supervisor.transport import Transport
 POLL_S = 0.5  # heartbeats are written every 0.5 s
 TRACK_S = 2.0  # how often to scan /proc for new descendants (cheap, but ranks share the CPUs)
 NO_PROGRESS_FACTOR = 10.0  # a stall that is not provably a hang stops the job after this many thresholds
+# A hang is declared from two looks at every rank this far apart, both finding each one waiting in the
+# same place with no progress between: one look can catch ranks passing through a collective on a
+# loaded machine (a stack read as a rank arrives, a rank too starved to answer at once).
+CONFIRM_S = 1.0
 
 
 class Job(Protocol):
@@ -33,6 +37,17 @@ class Job(Protocol):
 class MonitorResult:
     stop: Optional[StopSnapshot] = None  # None: the job ended by itself
     stalls: list[StopSnapshot] = field(default_factory=list)  # no-progress episodes that resolved
+
+
+def _same_waits(first: StopSnapshot, second: StopSnapshot, live: dict[int, Heartbeat]) -> bool:
+    """Every live rank waits in the same place in both looks (what it waits in, and its innermost frame)."""
+    def where(snapshot: StopSnapshot, rank: int) -> tuple:
+        state = snapshot.ranks.get(rank)
+        if state is None:
+            return ()
+        inner = state.stack[-1] if state.stack else {}
+        return state.waiting_in, inner.get("file"), inner.get("function")
+    return all(r in first.ranks and where(first, r) == where(second, r) for r in live)
 
 
 class Monitor:
@@ -70,6 +85,7 @@ class Monitor:
         last_tracked = 0.0
         next_stacks = 0.0
         stall: Optional[StopSnapshot] = None
+        unconfirmed: Optional[StopSnapshot] = None  # a first look that found every live rank waiting
         while True:
             self.router.route(job.drain())
             interrupted = self._interrupted(ask_peers=False)
@@ -109,6 +125,7 @@ class Monitor:
             if progress is not None:  # the live view's "no progress 12 s / hang at 30 s"
                 progress(age, threshold)
             if age <= threshold:
+                unconfirmed = None
                 if stall is not None:
                     result.stalls.append(stall)
                     stall = None
@@ -119,10 +136,15 @@ class Monitor:
             snapshot = self._snapshot("hang", live, now)
             states = [snapshot.ranks[r].state for r in live]
             if states and all(s == "waiting" for s in states):
+                if unconfirmed is None or not _same_waits(unconfirmed, snapshot, live):
+                    unconfirmed = snapshot
+                    next_stacks = now + CONFIRM_S
+                    continue
                 self.display.notice(f"no rank made progress for {age:.0f}s and every live rank waits for its "
                                     "peers: collecting stacks and stopping the job")
                 result.stop = snapshot
                 break
+            unconfirmed = None
             if age > NO_PROGRESS_FACTOR * threshold:
                 self.display.notice(f"no rank made progress for {age:.0f}s: stopping the job")
                 snapshot.reason = "no-progress"
