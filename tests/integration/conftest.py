@@ -43,6 +43,7 @@ class CheckRun:
     report: Optional[dict]
     wall_s: float
     temp_left: list[str] = dataclasses.field(default_factory=list)  # names left in the run's TMPDIR
+    kept: Optional[str] = None  # the --keep-evidence folder of a run made with keep_evidence=True
 
     def left_behind(self) -> list[str]:
         """What the run (ddpdoctor, the script) left in its temporary directory, torch's caches aside."""
@@ -143,6 +144,8 @@ def ddpdoctor_command(script: Optional[Path], json_path: Path, *options: str, sc
 
 
 _RUNS: dict[tuple, CheckRun] = {}
+# Fixtures whose runs keep their evidence (--keep-evidence): tests analyze their ranks' dumps afterwards.
+KEEPS_EVIDENCE = {"hang_rank_stuck_in_own_code.py", "hang_collective_some_ranks.py"}
 
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
@@ -177,9 +180,12 @@ def run_check(tmp_path, tmp_path_factory):
     Runs are deterministic in what they report, so one run per (fixture, options, arguments) is
     shared by every test that asserts on it, in every pytest-xdist worker: the suite stays within
     CI's time budget. A run whose options name a test's own tmp_path is that test's alone.
+    A run of a fixture in ``KEEPS_EVIDENCE`` keeps its evidence in the run's session-wide folder
+    (``run.kept``, to read only), so the tests of its kept files share it with those of its report.
     """
 
     def run(name: Optional[str], *options: str, script_args=(), timeout: float = 240) -> CheckRun:
+        keep_evidence = name in KEEPS_EVIDENCE
         key = (name, options, tuple(script_args))
         if key not in _RUNS:
             with once_per_session(tmp_path_factory, ("check", *key)) as folder:
@@ -187,7 +193,10 @@ def run_check(tmp_path, tmp_path_factory):
                 if saved.exists():
                     _RUNS[key] = CheckRun(**json.loads(saved.read_text()))
                 else:
-                    _RUNS[key] = _run(tmp_path, name, options, script_args, timeout)
+                    kept = folder / "kept"
+                    extra = ("--keep-evidence", str(kept)) if keep_evidence else ()
+                    _RUNS[key] = _run(tmp_path, name, (*options, *extra), script_args, timeout)
+                    _RUNS[key].kept = str(kept) if keep_evidence else None
                     saved.write_text(json.dumps(dataclasses.asdict(_RUNS[key])))
         return _RUNS[key]
 

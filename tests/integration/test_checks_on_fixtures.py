@@ -48,6 +48,11 @@ KNOWN_BAD = {
     "bad_grad_comm_hook.py": ({"gradient-sync": "error"}, set()),
 }
 
+# fixture -> consequences a run may also attach, by timing. Rank 0's stray all_reduce pairs with rank 1's
+# next gradient all-reduce: whether rank 1 counted one more batch before both blocked depends on when
+# each rank's last events were written, and that uneven count is the hang's consequence when it is.
+MAY_ALSO = {"hang_metric_allreduce_in_loop.py": {"uneven-inputs"}}
+
 GRADIENT_CASES = {
     "bad_grad_no_ddp.py": "not-wrapped",
     "bad_grad_bypass.py": "ddp-bypassed",
@@ -72,7 +77,7 @@ def test_known_bad_fixture_reports_exactly_its_root_cause(run_check, fixture):
     assert run.found() == set(roots.items()), (run.found(), run.output[-3000:])
     (root,) = roots
     attached = {c["check"] for c in run.consequences(root)}
-    assert attached == consequences, (attached, run.output[-3000:])
+    assert consequences <= attached <= consequences | MAY_ALSO.get(fixture, set()), (attached, run.output[-3000:])
     statuses = {c["id"]: c["status"] for c in run.report["checks"]}
     assert statuses[root] == ("fail" if roots[root] == "error" else "warn")
     for check_id in attached - {root}:

@@ -18,6 +18,12 @@ def _line(fixture: str, text: str) -> int:
     return number
 
 
+# --against-one-rank: the first K steps replayed in one process on the union of the ranks' batches.
+# The known-bad scripts' warnings are read from their replay runs: the replay is one more
+# consequence of the same warning, found from the ranks' evidence alone (one run per script).
+REPLAY = ("--against-one-rank", "3")
+
+
 def _only_global_batch(run) -> dict:
     assert run.report is not None, run.output[-3000:]
     assert run.report["outcome"] == "completed", run.output[-3000:]
@@ -30,7 +36,7 @@ def _only_global_batch(run) -> dict:
 
 def test_a_per_rank_token_mean_on_padded_sequences(run_check):
     fixture = "bad_global_batch_padded_lm.py"
-    finding = _only_global_batch(run_check(fixture))
+    finding = _only_global_batch(run_check(fixture, *REPLAY))
     assert finding["location"]["line"] == _line(fixture, "loss = F.cross_entropy(")
     evidence = finding["evidence"]
     assert evidence["case"] == "unequal-weights" and evidence["loss"] == "cross_entropy (mean)"
@@ -47,7 +53,7 @@ def test_a_per_rank_token_mean_on_padded_sequences(run_check):
 
 def test_a_loss_divided_by_the_world_size(run_check):
     fixture = "bad_global_batch_world_size.py"
-    finding = _only_global_batch(run_check(fixture))
+    finding = _only_global_batch(run_check(fixture, *REPLAY))
     assert finding["location"]["line"] == _line(fixture, "loss = criterion(model(x), y)")
     evidence = finding["evidence"]
     assert (evidence["case"], evidence["factor"], evidence["world_size"]) == ("world-size-scaling", 0.5, 2)
@@ -57,7 +63,7 @@ def test_a_loss_divided_by_the_world_size(run_check):
 
 def test_a_mean_of_means_over_accumulated_micro_batches(run_check):
     fixture = "bad_global_batch_accumulation.py"
-    finding = _only_global_batch(run_check(fixture))
+    finding = _only_global_batch(run_check(fixture, *REPLAY))
     assert finding["location"]["line"] == _line(fixture, "loss = F.cross_entropy(")
     evidence = finding["evidence"]
     assert evidence["case"] == "unequal-weights"
@@ -76,10 +82,6 @@ def test_every_element_weighs_the_same_in_the_good_twins(run_check, fixture):
     (check,) = [c for c in run.report["checks"] if c["id"] == "global-batch"]
     assert check["status"] == "pass", check
     assert check["summary"].startswith("every element of the global batch weighs the same at ")
-
-
-# --against-one-rank: the first K steps replayed in one process on the union of the ranks' batches.
-REPLAY = ("--against-one-rank", "3")
 
 
 def _replayed(run) -> dict:

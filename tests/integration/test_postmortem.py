@@ -28,7 +28,7 @@ CASES = {
     "hang_collective_some_ranks.py": (2, ("--hang-timeout", "5"), "dist.all_reduce(total)",
                                       ("collective-hang", "error")),
     "hang_reduce_shape_mismatch.py": (2, ("--hang-timeout", "5"), "dist.reduce(stats", ("collective-hang", "error")),
-    "kill_rank.py": (2, (), None, ("rank-failure", "error")),
+    "kill_rank.py": (2, ("--hang-timeout", "5"), None, ("rank-failure", "error")),  # test_hangs_and_faults' run
     "hang_subgroup_mismatch.py": (4, ("-n", "4", "--hang-timeout", "5"), "dist.reduce(stats",
                                   ("collective-hang", "error")),
 }
@@ -156,8 +156,8 @@ def test_every_report_format_and_the_exit_codes(recorded, tmp_path):
 
 
 def test_check_keeps_its_ranks_dumps_and_analyze_agrees(run_check, tmp_path):
-    kept = tmp_path / "kept"
-    live = run_check("hang_collective_some_ranks.py", "--hang-timeout", "5", "--keep-evidence", str(kept))
+    live = run_check("hang_collective_some_ranks.py", "--hang-timeout", "5")  # its evidence kept (conftest)
+    kept = Path(live.kept)
     assert sorted(p.name for p in kept.glob("fr_trace_rank_*")) == ["fr_trace_rank_0", "fr_trace_rank_1"]
     code, post, output = analyze(kept, tmp_path=tmp_path)
     assert code == 1 and _root(post) == _root(live.report), output[-3000:]

@@ -95,7 +95,7 @@ def test_identical_noise_names_the_generator_forward_and_counts_the_critic_in(ru
 
 
 def test_identical_inputs_without_an_optimizer_step_are_info(run_check):
-    run = run_check("good_benchmark_same_input.py", "--hang-timeout", "10")
+    run = run_check("good_benchmark_same_input.py")
     (finding,) = run.findings("sampler-disjoint")
     assert finding["severity"] == "info" and finding["evidence"]["trained"] is False
 
