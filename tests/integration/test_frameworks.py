@@ -29,7 +29,9 @@ def test_framework_fixture(run_check, fixture):
     module, title, roots, words = FIXTURES[fixture]
     if importlib.util.find_spec(module) is None:
         skip_or_fail_in_ci(f"{module} is not installed (it is in the test extras: pip install -e '.[test]')")
-    run = run_check(fixture, "--hang-timeout", "10")
+    # The default (adaptive) threshold: none of these jobs hangs, and a short one reported the slow
+    # import of a framework on a loaded machine as a stall (an info finding).
+    run = run_check(fixture)
     assert run.report is not None, run.output[-3000:]
     assert run.found() == set(roots.items()), (run.findings(), run.output[-3000:])
     assert run.returncode == (1 if roots else 0), run.output[-3000:]
