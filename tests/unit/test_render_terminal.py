@@ -85,6 +85,18 @@ def test_a_hang_shows_each_ranks_line_side_by_side(tmp_path, monkeypatch):
     assert "#3 ← first divergence" in text and "never called" in text
 
 
+def test_a_stall_that_resolved_says_where_the_ranks_were_during_it_not_when_stopped(tmp_path):
+    train = tmp_path / "train.py"
+    train.write_text(TRAIN)
+    stall = Finding(check="collective-hang", severity="info", message="no rank made progress for 7s", ranks=(0, 1),
+                    fix="Nothing to do.", location=None, evidence={
+                        "kind": "stall", "ranks": {"0": {"state": "busy", "waiting_in": "an import (slow.py)"},
+                                                   "1": {"state": "waiting", "waiting_in": "barrier #3"}}})
+    text = rendered(report_of(stall))
+    assert "where each rank was during the stall:" in text and "when the job was stopped" not in text
+    assert "where each rank was when the job was stopped:" in rendered(report_of(hang_finding(str(train))))
+
+
 def test_ranks_whose_lines_do_not_fit_side_by_side_are_listed_one_under_another(tmp_path):
     train = tmp_path / "train.py"
     train.write_text(TRAIN)

@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Union
 
+from ddpdoctor.analysis.symptoms import HangKind
 from ddpdoctor.schema.events import InternalPhase
 from ddpdoctor.schema.findings import EvidenceRecord, FieldInfo, as_evidence
 
@@ -429,6 +430,11 @@ class EvidenceViews:
     calls: Optional[Mapping[str, Any]] = None
     timeline: Optional[Mapping[str, Any]] = None
     divergence: Optional[int] = None
+    stall: bool = False  # the states were taken during a stall that resolved, not when the job was stopped
+
+    def states_when(self, stopped: str) -> str:
+        """When the ranks' states were taken, for the heading of their picture."""
+        return "during the stall" if self.stall else stopped
 
 
 def evidence_views(evidence: Union[EvidenceRecord, Mapping[str, Any]]) -> EvidenceViews:
@@ -449,7 +455,7 @@ def evidence_views(evidence: Union[EvidenceRecord, Mapping[str, Any]]) -> Eviden
     divergence = data.get(keys[DIVERGENCE]) if DIVERGENCE in keys else None
     return EvidenceViews(states=mapping(RANK_STATES), calls=mapping(RANK_CALLS), timeline=mapping(COLLECTIVE_TIMELINE),
                          divergence=divergence if isinstance(divergence, int) and not isinstance(divergence, bool)
-                         else None)
+                         else None, stall=data.get("kind") == HangKind.STALL.value)
 
 
 def _lines(value: Any, key: str) -> list[str]:

@@ -164,7 +164,7 @@ def _finding(finding: Finding, sources: Sources, *, when: str = "when the job wa
              _code(finding.location, sources)]
     if finding.ranks:
         parts.append(f'<div class="muted">on {escape(ranks_text(finding.ranks))}</div>')
-    parts += [_ranks_grid(views.states, sources, when), _calls_grid(views.calls, sources),
+    parts += [_ranks_grid(views.states, sources, views.states_when(when)), _calls_grid(views.calls, sources),
               _evidence(finding.evidence)]
     for consequence in finding.consequences:
         at = f" at {display_path(consequence.location.file)}:{consequence.location.line}" \

@@ -201,7 +201,7 @@ def finding_body(finding: Finding, *, sources: Sources, plain: bool, width: int,
     if finding.ranks:
         body.append(Text(f"on {ranks_text(finding.ranks)}", style="dim"))
     views = evidence_views(finding.evidence)
-    for view in (_ranks_view(views.states, sources, plain=plain, width=width, when=when),
+    for view in (_ranks_view(views.states, sources, plain=plain, width=width, when=views.states_when(when)),
                  _calls_view(views.calls, sources, plain=plain, width=width),
                  _timeline_table(views.timeline, views.divergence)):
         if view is not None:
