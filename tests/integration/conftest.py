@@ -43,7 +43,7 @@ class CheckRun:
     report: Optional[dict]
     wall_s: float
     temp_left: list[str] = dataclasses.field(default_factory=list)  # names left in the run's TMPDIR
-    kept: Optional[str] = None  # the --keep-evidence folder of a run made with keep_evidence=True
+    kept: Optional[str] = None  # the --keep-evidence folder of a run of a fixture in KEEPS_EVIDENCE
 
     def left_behind(self) -> list[str]:
         """What the run (ddpdoctor, the script) left in its temporary directory, torch's caches aside."""
@@ -185,7 +185,6 @@ def run_check(tmp_path, tmp_path_factory):
     """
 
     def run(name: Optional[str], *options: str, script_args=(), timeout: float = 240) -> CheckRun:
-        keep_evidence = name in KEEPS_EVIDENCE
         key = (name, options, tuple(script_args))
         if key not in _RUNS:
             with once_per_session(tmp_path_factory, ("check", *key)) as folder:
@@ -193,10 +192,10 @@ def run_check(tmp_path, tmp_path_factory):
                 if saved.exists():
                     _RUNS[key] = CheckRun(**json.loads(saved.read_text()))
                 else:
-                    kept = folder / "kept"
-                    extra = ("--keep-evidence", str(kept)) if keep_evidence else ()
-                    _RUNS[key] = _run(tmp_path, name, (*options, *extra), script_args, timeout)
-                    _RUNS[key].kept = str(kept) if keep_evidence else None
+                    kept = str(folder / "kept") if name in KEEPS_EVIDENCE else None
+                    extra = ("--keep-evidence", kept) if kept else ()
+                    _RUNS[key] = dataclasses.replace(_run(tmp_path, name, (*options, *extra), script_args, timeout),
+                                                     kept=kept)
                     saved.write_text(json.dumps(dataclasses.asdict(_RUNS[key])))
         return _RUNS[key]
 
