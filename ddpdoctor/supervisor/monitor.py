@@ -50,6 +50,15 @@ def _same_waits(first: StopSnapshot, second: StopSnapshot, live: dict[int, Heart
     return all(r in first.ranks and where(first, r) == where(second, r) for r in live)
 
 
+def _lengthen(stall: StopSnapshot, detector: HangDetector, now: float, live: dict[int, Heartbeat]) -> None:
+    """A stall that goes on keeps its first look (where each rank was) and takes each live rank's
+    latest age: a job can stall twice, and the report names the longest, which the first look's ages
+    (all about the threshold) could not tell apart."""
+    for rank, state in stall.ranks.items():
+        if rank in live:
+            state.stalled_s = round(detector.stall_age(now, rank), 2)
+
+
 class Monitor:
     def __init__(self, *, transport: Transport, display: Display, router: OutputRouter,
                  hang_timeout_s: Optional[float], timeout_s: Optional[float], world_size: int = 0,
@@ -130,6 +139,8 @@ class Monitor:
                     result.stalls.append(stall)
                     stall = None
                 continue
+            if stall is not None:
+                _lengthen(stall, self.detector, now, live)
             if now < next_stacks:
                 continue
             next_stacks = now + max(2.0, threshold / 2)

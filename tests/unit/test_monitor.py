@@ -79,3 +79,14 @@ def test_one_look_that_caught_a_rank_passing_through_a_collective_is_not_a_hang(
     result, transport = _watch([{0: BARRIER, 1: BARRIER}, {0: BARRIER, 1: LOADING}], runs_for_s=2.5)
     assert result.stop is None
     assert transport.requests >= 2
+
+
+def test_a_stall_that_resolves_keeps_where_the_ranks_were_and_how_long_it_lasted():
+    """Its length is the last age seen, not the first look's (about the threshold): of two stalls,
+    the report names the longest, which the first looks' ages could not tell apart."""
+    result, transport = _watch([{0: LOADING, 1: BARRIER}, {0: BARRIER, 1: BARRIER}], runs_for_s=1.6)
+    assert result.stop is None
+    (stall,) = result.stalls
+    assert stall.ranks[0].state == "busy" and stall.ranks[0].waiting_in.startswith("the DataLoader")
+    assert transport.requests == 1  # busy ranks are looked at again only every max(2 s, threshold / 2)
+    assert min(state.stalled_s for state in stall.ranks.values()) > 1.0
