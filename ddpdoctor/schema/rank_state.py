@@ -34,6 +34,10 @@ _KNOWN_BUSY = (
     ("torch/serialization.py", "torch.save / torch.load"),
     ("torch/distributed/checkpoint", "torch.distributed.checkpoint"),
 )
+# ddpdoctor's own frames a stalled rank can be found in, by function, in the words of what the script
+# called: the ddp probe imports torch._dynamo (which DDP's constructor imports anyway) and collects
+# what the import left, before the constructor runs.
+_PROBE_BUSY = (("_import_dynamo_quietly", "DDP's constructor (importing torch._dynamo)"),)
 BACKWARD = "the backward pass (DDP's gradient all-reduce)"
 # The backward's entry points: while autograd's engine runs a backward (on this thread on the CPU, on
 # its own threads on a GPU) the main thread sits in one of these. Not any frame under torch/autograd:
@@ -126,6 +130,10 @@ def _busy_in(stack: list[dict[str, Any]], files: list[str]) -> str:
     """The library call a busy rank is in: a known torch component, else the innermost frame."""
     for needle, what in _KNOWN_BUSY:
         if any(needle in path for path in files):
+            return what
+    functions = {frame.get("function") for frame in stack}
+    for function, what in _PROBE_BUSY:
+        if function in functions:
             return what
     innermost = stack[-1]
     return f"{innermost.get('function')} ({innermost.get('file', '').rsplit('/', 1)[-1]})"

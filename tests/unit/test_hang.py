@@ -143,6 +143,16 @@ def test_a_torch_distributed_module_being_imported_is_busy_not_waiting():
     assert classify(finding, beat()) == ("busy", "an import (finding the module) called from train.py:1")
 
 
+def test_ddpdoctors_import_of_dynamo_before_ddps_constructor_is_named_as_the_constructor():
+    """The ddp probe imports torch._dynamo (which DDP's constructor imports anyway) and collects what
+    the import left: a stall there is the script's DDP(...) call, not a ddpdoctor function name."""
+    probe = "/site-packages/ddpdoctor/rank/probes/ddp.py"
+    collecting = [frame("/job/train.py", "main", user=True), frame(probe, "__init__"),
+                  frame(probe, "_import_dynamo_quietly")]
+    expected = "DDP's constructor (importing torch._dynamo) called from train.py:1"
+    assert classify(collecting, beat()) == ("busy", expected)
+
+
 def test_a_collective_that_imports_or_a_users_module_calling_one_at_import_still_waits():
     inside_call = [frame("/job/train.py", "main", user=True),
                    frame(f"{TORCH}/distributed/distributed_c10d.py", "init_process_group"),
