@@ -1,8 +1,9 @@
 """Device simulation: GPU-written fixtures (NCCL, CUDA tensors, torch.cuda / torch.accelerator,
 autocast, GradScaler, SyncBatchNorm, transformers models, CUDA generators) run on this CPU-only
-machine and give the same findings as their CPU twins (`--cpu`); their known-bad twins (`--bug`)
-are found under simulation too. An explicit CPU choice of the launcher or framework turns the
-simulation off in `auto`, and the report says so."""
+machine clean; their known-bad twins (`--bug`) give under simulation exactly the findings their
+CPU twins (`--bug ... --cpu`) give: those are written down here rather than run again in every
+session (a CPU twin's run costs as much as the simulated one's). An explicit CPU choice of the
+launcher or framework turns the simulation off in `auto`, and the report says so."""
 
 from __future__ import annotations
 
@@ -50,16 +51,25 @@ def test_gpu_script_runs_clean_under_simulation(run_check, fixture):
     assert "device simulation (auto" in run.output
 
 
+# fixture -> what its known-bad twin's CPU twin (--bug BUG --cpu, no simulation) reports, as
+# _shape() gives it: (check, severity) of the top-level findings, and of their consequences.
+CPU_TWIN_SHAPES = {
+    "gpu_trainer.py": ({("set-epoch", "warning")}, set()),
+    "gpu_spawn.py": ({("sampler-disjoint", "error")}, {("sampler-disjoint", "error")}),
+    "gpu_multinode.py": ({("rank0-checkpoint", "error")}, set()),
+    "gpu_accelerator.py": ({("gradient-sync", "error")}, set()),
+    "gpu_amp.py": ({("unused-parameters", "error")}, {("gradient-sync", "error"), ("rank-failure", "error")}),
+}
+
+
 @pytest.mark.parametrize("fixture", sorted(GPU_FIXTURES))
 def test_known_bad_twin_finds_the_same_as_its_cpu_twin(run_check, fixture):
     options, bug, check, _ = GPU_FIXTURES[fixture]
     gpu = run_check(fixture, *options, script_args=("--bug", bug))
-    cpu = run_check(fixture, *options, script_args=("--bug", bug, "--cpu"))
-    assert gpu.returncode == cpu.returncode == 1, gpu.output[-3000:] + cpu.output[-3000:]
+    assert gpu.returncode == 1, gpu.output[-3000:]
     assert check in gpu.roots() or gpu.anywhere(check), gpu.report["findings"]
-    assert _shape(gpu) == _shape(cpu)
+    assert _shape(gpu) == CPU_TWIN_SHAPES[fixture]
     assert gpu.report["device_simulation"]["simulated"]
-    assert "nccl->gloo" not in cpu.report["device_simulation"]["simulated"]
 
 
 def test_native_mode_does_not_simulate(run_check):
