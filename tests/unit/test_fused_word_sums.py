@@ -30,9 +30,10 @@ _CHECKS = textwrap.dedent("""
     if device == "cpu":
         fused.DEVICE_TYPES = ("cpu",)  # Triton's interpreter reads CPU memory
     torch.manual_seed(0)
-    # small and big tensors, a big one whose length is no whole number of sample rows, bf16, int and bool
-    tensors = [torch.randn(768, device=device), torch.randn(768, 2304, device=device), torch.randn(6, device=device),
-               torch.randn(3, 1021 * 17 + 5, device=device), torch.randn(1 << 15, device=device),
+    # small and big tensors (a big one: at least _SMALL_WORDS words, sampled; small enough for Triton's
+    # interpreter), a big one whose length is no whole number of sample rows, bf16, int and bool
+    tensors = [torch.randn(768, device=device), torch.randn(64, 1030, device=device), torch.randn(6, device=device),
+               torch.randn(2, 1021 * 33 + 5, device=device), torch.randn(1 << 15, device=device),
                torch.randn(300, 302, device=device).to(torch.bfloat16),
                torch.randint(-2 ** 62, 2 ** 62, (40000,), device=device),
                torch.ones(64, dtype=torch.bool, device=device)]
