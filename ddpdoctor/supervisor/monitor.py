@@ -51,9 +51,12 @@ def _same_waits(first: StopSnapshot, second: StopSnapshot, live: dict[int, Heart
 
 
 def _lengthen(stall: StopSnapshot, detector: HangDetector, now: float, live: dict[int, Heartbeat]) -> None:
-    """A stall that goes on keeps its first look (where each rank was) and takes each live rank's
-    latest age: a job can stall twice, and the report names the longest, which the first look's ages
-    (all about the threshold) could not tell apart."""
+    """A stall that goes on keeps its first look (where each rank was: later looks can catch the ranks
+    already past it, before a heartbeat shows their progress) and takes each live rank's latest age,
+    measured now (``t``, so that the timeline's interval ``[t - age, t]`` is the stall's): a job can
+    stall twice, and the report names the longest, which the first look's ages (all about the
+    threshold) could not tell apart."""
+    stall.t = time.time()
     for rank, state in stall.ranks.items():
         if rank in live:
             state.stalled_s = round(detector.stall_age(now, rank), 2)
@@ -161,12 +164,12 @@ class Monitor:
                 snapshot.reason = "no-progress"
                 result.stop = snapshot
                 break
-            if stall is None:
+            if stall is None:  # the episode's first look says where it stalled; later looks only lengthen it
                 busy = [f"rank {r} {snapshot.ranks[r].state} in {snapshot.ranks[r].waiting_in or 'its own code'}"
                         for r in sorted(live) if snapshot.ranks[r].state != "waiting"]
                 self.display.notice(f"no progress for {age:.0f}s, but not a hang while {'; '.join(busy)}")
-            snapshot.reason = "no-progress"
-            stall = snapshot
+                snapshot.reason = "no-progress"
+                stall = snapshot
         if stall is not None:
             result.stalls.append(stall)
         if result.stop is not None:

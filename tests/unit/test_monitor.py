@@ -17,6 +17,9 @@ BARRIER = [USER, {"file": f"{TORCH}/distributed/distributed_c10d.py", "line": 1,
                   "code": "", "user": False}]
 LOADING = [USER, {"file": f"{TORCH}/utils/data/dataloader.py", "line": 1, "function": "__next__",
                   "code": "", "user": False}]
+# a rank past the script, joining a thread at exit
+JOINING = [{"file": "/usr/lib/python3.11/threading.py", "line": 1, "function": "_wait_for_tstate_lock", "code": "",
+            "user": False}]
 
 
 class ScriptedTransport:
@@ -60,10 +63,10 @@ class Sink:
         pass
 
 
-def _watch(looks: list[dict[int, list[dict]]], runs_for_s: float) -> tuple:
+def _watch(looks: list[dict[int, list[dict]]], runs_for_s: float, hang_timeout_s: float = 0.2) -> tuple:
     transport = ScriptedTransport(looks)
     monitor = Monitor(transport=transport, display=NullDisplay(), router=OutputRouter(Sink(), nproc_per_node=2),
-                      hang_timeout_s=0.2, timeout_s=None, world_size=2)
+                      hang_timeout_s=hang_timeout_s, timeout_s=None, world_size=2)
     return monitor.watch(Job(runs_for_s)), transport
 
 
@@ -81,12 +84,17 @@ def test_one_look_that_caught_a_rank_passing_through_a_collective_is_not_a_hang(
     assert transport.requests >= 2
 
 
-def test_a_stall_that_resolves_keeps_where_the_ranks_were_and_how_long_it_lasted():
-    """Its length is the last age seen, not the first look's (about the threshold): of two stalls,
-    the report names the longest, which the first looks' ages could not tell apart."""
-    result, transport = _watch([{0: LOADING, 1: BARRIER}, {0: BARRIER, 1: BARRIER}], runs_for_s=1.6)
+def test_a_stall_keeps_its_first_look_and_how_long_it_lasted():
+    """Where the ranks were is the first look's (the one the live notice announced): a later look can
+    catch them already past the stall, joining threads at exit, before a heartbeat shows their
+    progress. Its length is the last age seen, not the first look's (about the threshold): of two
+    stalls, the report names the longest, which the first looks' ages could not tell apart."""
+    started = time.time()
+    result, transport = _watch([{0: LOADING, 1: BARRIER}, {0: JOINING, 1: JOINING}], runs_for_s=3.2,
+                               hang_timeout_s=0.5)
     assert result.stop is None
+    assert transport.requests == 2  # busy ranks are looked at again every max(2 s, threshold / 2)
     (stall,) = result.stalls
     assert stall.ranks[0].state == "busy" and stall.ranks[0].waiting_in.startswith("the DataLoader")
-    assert transport.requests == 1  # busy ranks are looked at again only every max(2 s, threshold / 2)
-    assert min(state.stalled_s for state in stall.ranks.values()) > 1.0
+    assert min(state.stalled_s for state in stall.ranks.values()) > 2.5
+    assert stall.t - started > 2.5  # measured at its end: the timeline draws [t - age, t]
