@@ -19,7 +19,7 @@ from ddpdoctor.schema.findings import ABSENT
 from ddpdoctor.analysis.watchdog_timeout import timed_out_ranks
 from ddpdoctor.analysis.collective_trace import (Mismatch, RankTrace, TraceEntry, first_mismatch,
                                                  first_subgroup_mismatch, subgroup_traces)
-from ddpdoctor.schema.observations import StopSnapshot
+from ddpdoctor.schema.observations import RankState, StopSnapshot
 
 from ._common import fmt_ranks, short_site
 
@@ -578,12 +578,27 @@ def _stall_finding(evidence: Evidence) -> Optional[Finding]:
     seconds = max((r.stalled_s or 0) for r in stall.ranks.values())
     busy = [f"rank {r} {s.state} in {s.waiting_in or 'its own code'}" for r, s in sorted(stall.ranks.items())
             if s.state in ("busy", "computing")]
+    traces = facts.collectives.world_traces(evidence)
     return Finding(check=ID, severity="info", ranks=tuple(sorted(stall.ranks)), location=None,
                    message=f"no rank made progress for {seconds:.0f}s while {'; '.join(busy) or 'ranks were busy'}; "
                            "the job then went on (not a hang)",
                    fix="Nothing to do; a long stall in one rank makes the others wait, which costs time.",
-                   evidence=Stalled(ranks={str(r): {"state": s.state, "waiting_in": s.waiting_in}
+                   evidence=Stalled(ranks={str(r): _stalled_state(s, traces.get(r))
                                            for r, s in sorted(stall.ranks.items())}))
+
+
+def _stalled_state(state: RankState, trace: Optional[RankTrace]) -> dict[str, Any]:
+    """A rank during a stall that resolved, drawn as a stopped rank is: its last collective is the one
+    its heartbeat counted then (the trace goes on past the stall), named as the trace has it, and its
+    line in the script."""
+    beat = state.heartbeat
+    last = beat.last_collective if beat else None
+    entry = trace.by_n.get(last.get("n")) if trace is not None and isinstance(last, dict) else None
+    if entry is not None:
+        last = {"op": entry.op or entry.describe(), "n": entry.n, "site": (entry.site or [None])[0]}
+    user = [f for f in state.stack if f.get("user")]
+    return {"state": state.state, "waiting_in": state.waiting_in, "stalled_s": state.stalled_s,
+            "last_collective": last, "where": user[-1] if user else None}
 
 
 def analyze(evidence: Evidence) -> CheckResult:

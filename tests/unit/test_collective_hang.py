@@ -253,12 +253,18 @@ def test_a_stall_that_resolved_is_info():
         {0: {"activity": "training"}, 1: {"activity": "in barrier #2"}},
         {0: [frame(12, user=True), frame(300, user=False, file="/venv/torch/serialization.py", function="_save")],
          1: [frame(40, user=True), frame(3000, user=False, function="barrier")]}, reason="no-progress")
-    trace = [collective("barrier", 1, shape=None)]
+    trace = [collective("barrier", 1, shape=None), collective("barrier", 2, shape=None)]
+    stall.ranks[0].heartbeat.last_collective = {"op": "collective", "n": 1, "site": None}  # as a heartbeat names it
     result = analyze(traced(2, {0: trace, 1: trace}, stalls=[stall]))
     (finding,) = result.findings
     assert finding.severity == "info"
     assert finding.evidence["kind"] == "stall"
     assert result.status == "pass"
+    # drawn as a stopped rank is: how long, its last collective then (named from the trace, not the
+    # trace's last), and its line in the script
+    rank0 = finding.evidence["ranks"]["0"]
+    assert rank0["stalled_s"] == 31.0 and rank0["where"]["line"] == 12
+    assert (rank0["last_collective"]["n"], rank0["last_collective"]["op"]) == (1, "barrier")
 
 
 # -- a rank-only forward through DDP that gloo aborts the peer on -----------------------------------
