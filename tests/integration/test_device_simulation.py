@@ -36,12 +36,16 @@ def _shape(run) -> tuple[set, set]:
             {(c["check"], c.get("severity")) for c in run.consequences()})
 
 
-@pytest.mark.parametrize("fixture", sorted(GPU_FIXTURES))
-def test_gpu_script_runs_clean_under_simulation(run_check, fixture):
-    options, _, _, simulated = GPU_FIXTURES[fixture]
-    run = run_check(fixture, *options)
-    assert run.returncode == 0, run.output[-3000:]
-    assert run.found() == set(), run.findings()
+# The fixtures whose clean version is run as well. A known-bad twin whose finding is exactly its
+# root, with no consequence, shows by itself that the simulation raised nothing else: its script is
+# the clean one but for the bug, and it simulates the same calls (the recorded reports in
+# tests/data/golden agree). A twin that crashes or attaches consequences could hide a false alarm
+# among them, so its clean version runs too.
+CLEAN_RUNS = ("gpu_amp.py", "gpu_spawn.py")
+
+
+def _simulated_as_on_a_gpu(run, simulated: set) -> None:
+    """The script ran on gloo and CPU tensors in place of NCCL and CUDA, every GPU call it made simulated."""
     assert run.report["outcome"] == "completed"
     assert run.report["backend"] == "gloo"
     sim = run.report["device_simulation"]
@@ -49,6 +53,15 @@ def test_gpu_script_runs_clean_under_simulation(run_check, fixture):
     assert simulated <= set(sim["simulated"]), sim
     assert sim["unsupported"] == []
     assert "device simulation (auto" in run.output
+
+
+@pytest.mark.parametrize("fixture", CLEAN_RUNS)
+def test_gpu_script_runs_clean_under_simulation(run_check, fixture):
+    options, _, _, simulated = GPU_FIXTURES[fixture]
+    run = run_check(fixture, *options)
+    assert run.returncode == 0, run.output[-3000:]
+    assert run.found() == set(), run.findings()
+    _simulated_as_on_a_gpu(run, simulated)
 
 
 # fixture -> what its known-bad twin's CPU twin (--bug BUG --cpu, no simulation) reports, as
@@ -70,6 +83,9 @@ def test_known_bad_twin_finds_the_same_as_its_cpu_twin(run_check, fixture):
     assert check in gpu.roots() or gpu.anywhere(check), gpu.report["findings"]
     assert _shape(gpu) == CPU_TWIN_SHAPES[fixture]
     assert gpu.report["device_simulation"]["simulated"]
+    if fixture not in CLEAN_RUNS:  # the twin stands in for its clean version
+        assert CPU_TWIN_SHAPES[fixture][1] == set()
+        _simulated_as_on_a_gpu(gpu, GPU_FIXTURES[fixture][3])
 
 
 def test_native_mode_does_not_simulate(run_check):
@@ -86,34 +102,29 @@ def _all_findings(run) -> set:
     return {(f["check"], f["severity"]) for f in run.findings()}
 
 
-def test_a_transformers_script_with_a_cuda_generator_runs_clean_under_simulation(run_check):
-    run = run_check("gpu_transformers.py")
-    assert run.returncode == 0, run.output[-3000:]
-    assert _all_findings(run) == set(), run.report["findings"]
-    assert run.report["outcome"] == "completed"
-    sim = run.report["device_simulation"]
-    assert sim["active"] is True and sim["reason"] == "no GPU visible"
-    assert {"nccl->gloo", "torch.Generator(cuda)->cpu", "cuda modules->cpu", "DDP device_ids->cpu",
-            "autocast(cuda)->autocast(cpu, bfloat16)", "torch.cuda.set_device"} <= set(sim["simulated"]), sim
-    assert sim["unsupported"] == []
-
-
-def test_its_known_bad_twin_is_exactly_a_gradient_sync_error(run_check):
+def test_a_transformers_script_with_a_cuda_generator_is_simulated_and_its_bug_exactly_a_gradient_sync_error(
+        run_check):
+    """The known-bad twin (its forward called around DDP) stands in for the clean script, as in
+    CLEAN_RUNS: exactly one root, no consequence, every GPU call simulated."""
     run = run_check("gpu_transformers.py", script_args=("--bug", "module-forward"))
     assert run.returncode == 1, run.output[-3000:]
     assert _all_findings(run) == {("gradient-sync", "error")}, run.report["findings"]
     assert run.consequences() == []
-    assert run.report["device_simulation"]["active"] is True
+    _simulated_as_on_a_gpu(run, {"nccl->gloo", "torch.Generator(cuda)->cpu", "cuda modules->cpu",
+                                 "DDP device_ids->cpu", "autocast(cuda)->autocast(cpu, bfloat16)",
+                                 "torch.cuda.set_device"})
+    assert run.report["device_simulation"]["reason"] == "no GPU visible"
 
 
-@pytest.mark.parametrize("variable, value, steps", [("ACCELERATE_USE_CPU", "true", "6"),
-                                                    ("PL_TRAINER_ACCELERATOR", "cpu", "5")])
-def test_an_explicit_cpu_choice_turns_the_simulation_off(run_check, monkeypatch, variable, value, steps):
+def test_an_explicit_cpu_choice_turns_the_simulation_off(run_check, monkeypatch):
     """The script logs its GPU (with a CUDA-only call) whenever torch.cuda.is_available(): with a
-    simulated GPU it crashed, though plain torchrun runs it on the CPU the launcher chose."""
+    simulated GPU it crashed, though plain torchrun runs it on the CPU the launcher chose. Every
+    variable that says so (tests/unit/test_device_sim.py) is read by the same rank-side choice: one
+    is run here, another under the known-bad twin below."""
+    variable, value = "ACCELERATE_USE_CPU", "true"
     monkeypatch.setenv(variable, value)
-    # run_check shares runs by options and arguments, not by environment: --steps keeps these apart
-    run = run_check("gpu_cpu_choice.py", script_args=("--steps", steps))
+    # run_check shares runs by options and arguments, not by environment: --steps keeps this one apart
+    run = run_check("gpu_cpu_choice.py", script_args=("--steps", "6"))
     assert run.returncode == 0, run.output[-3000:]
     assert _all_findings(run) == set(), run.report["findings"]
     sim = run.report["device_simulation"]
