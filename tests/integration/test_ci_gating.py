@@ -109,16 +109,21 @@ def test_the_scripts_own_output_cannot_inject_annotations(tmp_path):
 # -- selection, configuration, suppression ------------------------------------------------------------
 
 def test_pyproject_defaults_apply_and_the_command_line_wins(tmp_path):
+    """One run: the file's ``quiet`` applies (no option says otherwise) while the command line's
+    ``--ignore`` replaces the file's. Every other pairing is in tests/unit/test_project_config.py."""
     (tmp_path / "pyproject.toml").write_text('[tool.ddpdoctor]\nignore = ["set-epoch"]\nquiet = true\n')
-    quiet = ddpdoctor("check", str(FIXTURES / "bad_set_epoch.py"), "--json", "a.json", "--plain", cwd=tmp_path)
-    assert quiet.returncode == 0, quiet.stdout[-2000:]
-    assert "set-epoch" not in [c["id"] for c in json.loads((tmp_path / "a.json").read_text())["checks"]]
-    assert "[rank0]" not in quiet.stdout
-    loud = ddpdoctor("check", str(FIXTURES / "bad_set_epoch.py"), "--json", "b.json", "--plain", "--ignore",
-                     "rank0-checkpoint", "--no-quiet", "--exit-zero", cwd=tmp_path)
-    assert loud.returncode == 0
-    report = json.loads((tmp_path / "b.json").read_text())
+    said = "the script says hello"  # the script's own output, which quiet hides
+    source = (FIXTURES / "bad_set_epoch.py").read_text()
+    printing = source.replace("    setup()\n", f"    setup()\n    print({said!r}, flush=True)\n")
+    (tmp_path / "train.py").write_text(printing)
+    shutil.copy(FIXTURES / "_synthetic.py", tmp_path / "_synthetic.py")
+    proc = ddpdoctor("check", "train.py", "--json", "r.json", "--plain", "--ignore", "rank0-checkpoint",
+                     "--exit-zero", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert said in (tmp_path / "train.py").read_text() and said not in proc.stdout  # quiet, from the file
+    report = json.loads((tmp_path / "r.json").read_text())
     assert [f["check"] for f in report["findings"]] == ["set-epoch"]  # the CLI's --ignore replaced the file's
+    assert "rank0-checkpoint" not in [c["id"] for c in report["checks"]]
 
 
 @pytest.mark.parametrize("setup, args, fragment", [
