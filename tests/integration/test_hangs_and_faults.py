@@ -93,15 +93,17 @@ FAULTS = {
 def test_fault_matrix_crashes(run_check, fixture):
     rank, fragment = FAULTS[fixture]
     run = run_check(fixture, "--hang-timeout", "5")
-    assert run.returncode == 1
-    assert run.report["outcome"] == "failed"
-    assert run.found() == {("rank-failure", "error")}, run.findings()
+    # what a failure under load needs to be understood: every finding, its consequences, the output's end
+    said = (run.findings(), run.output[-3000:])
+    assert run.returncode == 1, said
+    assert run.report["outcome"] == "failed", said
+    assert run.found() == {("rank-failure", "error")}, said
     (finding,) = run.findings("rank-failure", "error")
-    assert finding["ranks"] == [rank]
-    assert fragment in finding["message"]
-    assert finding["evidence"]["last_step"] == 3
+    assert finding["ranks"] == [rank], said
+    assert fragment in finding["message"], said
+    assert finding["evidence"]["last_step"] == 3, said
     # The peer's collective that the crashed rank never joined is the crash's consequence, not a hang.
-    assert {c["check"] for c in finding["consequences"]} == {"collective-hang"}
+    assert {c["check"] for c in finding["consequences"]} == {"collective-hang"}, said
 
 
 def test_fault_matrix_timeout_stops_the_job_and_reports(run_check):
