@@ -104,7 +104,7 @@ def test_unused_missing_names_the_parameters(run_check, fixture):
 
 
 def test_crash_names_rank_exception_and_line(run_check):
-    run = run_check("bad_raise_on_rank1.py", "--hang-timeout", "5")
+    run = run_check("bad_raise_on_rank1.py")  # the fault matrix's run (test_hangs_and_faults.py)
     assert run.returncode == 1
     (finding,) = run.findings("rank-failure", "error")
     assert finding["ranks"] == [1]

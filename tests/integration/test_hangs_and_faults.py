@@ -92,7 +92,10 @@ FAULTS = {
 @pytest.mark.parametrize("fixture", sorted(FAULTS))
 def test_fault_matrix_crashes(run_check, fixture):
     rank, fragment = FAULTS[fixture]
-    run = run_check(fixture, "--hang-timeout", "5")
+    # The default (adaptive, 30 s) hang threshold: nothing here hangs (the peer fails when the rank
+    # leaves, or torchrun stops it), and a 5 s one let a loaded machine's slow start-up (DDP's
+    # constructor importing torch._dynamo) be reported as a stall beside the crash.
+    run = run_check(fixture)
     # what a failure under load needs to be understood: every finding, its consequences, the output's end
     said = (run.findings(), run.output[-3000:])
     assert run.returncode == 1, said
