@@ -99,6 +99,7 @@ def test_data_parallel_under_torchrun_is_the_one_root_at_its_line(run_check, scr
 
 
 def test_the_ddp_version_of_the_tutorial_is_clean(run_check):
-    run = run_check("good_ddp_tutorial.py")
+    # its --against-one-rank run, which test_global_batch.py reads too: clean with the replay as without
+    run = run_check("good_ddp_tutorial.py", "--against-one-rank", "3")
     assert _found(run) == set()
     assert run.returncode == 0 and run.report["outcome"] == "completed"
