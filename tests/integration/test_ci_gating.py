@@ -89,12 +89,20 @@ def test_every_format_from_one_run_of_a_known_bad_fixture(tmp_path):
     assert out["report.md"].read_text() in summary.read_text()
 
 
-def test_the_scripts_own_output_cannot_inject_annotations(tmp_path):
-    script = tmp_path / "inject.py"
-    script.write_text((FIXTURES / "good_batchnorm.py").read_text().replace(
-        "def main() -> None:\n",
-        "def main() -> None:\n    print('::error file=x.py,line=1::injected', flush=True)\n", 1))
+def _edited_copy(tmp_path: Path, fixture: str, name: str, old: str, new: str) -> Path:
+    """A copy of ``fixture`` in ``tmp_path`` as ``name``, its first ``old`` replaced by ``new`` (which
+    must happen), beside the _synthetic.py it imports."""
+    source = (FIXTURES / fixture).read_text()
+    assert old in source, f"{old!r} not in {fixture}"
+    script = tmp_path / name
+    script.write_text(source.replace(old, new, 1))
     shutil.copy(FIXTURES / "_synthetic.py", tmp_path / "_synthetic.py")
+    return script
+
+
+def test_the_scripts_own_output_cannot_inject_annotations(tmp_path):
+    script = _edited_copy(tmp_path, "good_batchnorm.py", "inject.py", "def main() -> None:\n",
+                          "def main() -> None:\n    print('::error file=x.py,line=1::injected', flush=True)\n")
     proc = subprocess.run(ddpdoctor_command(script, tmp_path / "r.json", "--github"), cwd=tmp_path,
                           capture_output=True, text=True, timeout=240, env={**os.environ, "NO_COLOR": "1"})
     lines = proc.stdout.splitlines()
@@ -113,14 +121,12 @@ def test_pyproject_defaults_apply_and_the_command_line_wins(tmp_path):
     ``--ignore`` replaces the file's. Every other pairing is in tests/unit/test_project_config.py."""
     (tmp_path / "pyproject.toml").write_text('[tool.ddpdoctor]\nignore = ["set-epoch"]\nquiet = true\n')
     said = "the script says hello"  # the script's own output, which quiet hides
-    source = (FIXTURES / "bad_set_epoch.py").read_text()
-    printing = source.replace("    setup()\n", f"    setup()\n    print({said!r}, flush=True)\n")
-    (tmp_path / "train.py").write_text(printing)
-    shutil.copy(FIXTURES / "_synthetic.py", tmp_path / "_synthetic.py")
+    _edited_copy(tmp_path, "bad_set_epoch.py", "train.py", "    setup()\n",
+                 f"    setup()\n    print({said!r}, flush=True)\n")
     proc = ddpdoctor("check", "train.py", "--json", "r.json", "--plain", "--ignore", "rank0-checkpoint",
                      "--exit-zero", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:]
-    assert said in (tmp_path / "train.py").read_text() and said not in proc.stdout  # quiet, from the file
+    assert said not in proc.stdout  # quiet, from the file
     report = json.loads((tmp_path / "r.json").read_text())
     assert [f["check"] for f in report["findings"]] == ["set-epoch"]  # the CLI's --ignore replaced the file's
     assert "rank0-checkpoint" not in [c["id"] for c in report["checks"]]
