@@ -27,7 +27,12 @@ from io import BytesIO
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+CHECKOUT = HERE.parents[1]
 CASES = HERE / "cases.toml"
+# The realcode tier of tests/ (pyproject.toml's marker): real frameworks, and patterns of real code pinned as
+# fixtures beside their twins. A plain `pytest` (CI) leaves it out for time; this bench runs it first.
+PINNED_TESTS = ("-m", "pytest", "-m", "realcode", "-q", "-p", "no:cacheprovider")
+PINNED_TESTS_TIMEOUT_S = 3600
 DEFAULT_SNAPSHOTS = Path("/work/.mirror")
 SEVERITIES = ("error", "warning", "info")
 RANK = {"info": 0, "warning": 1, "error": 2}
@@ -391,7 +396,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per case unless the case says")
     parser.add_argument("--cases", type=Path, default=CASES, help=argparse.SUPPRESS)
     parser.add_argument("--keep-work", action="store_true", help="copy each adapted work tree into the output")
+    parser.add_argument("--no-tests", action="store_true",
+                        help="skip the realcode tier of tests/ (`pytest -m realcode`), which a run without --only "
+                             "runs first with --python's pytest")
     return parser.parse_args(argv)
+
+
+def run_pinned_tests(python: str, out: Path) -> tuple[bool, str]:
+    """Runs the realcode tier of the checkout's tests with ``python``'s pytest (the test extras installed beside
+    ddpdoctor); returns whether it passed and pytest's last line. Its whole output goes to pinned-tests.log."""
+    log = out / "pinned-tests.log"
+    try:
+        proc = subprocess.run([python, *PINNED_TESTS], cwd=CHECKOUT, capture_output=True, text=True,
+                              timeout=PINNED_TESTS_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        log.write_text(f"{e.stdout or ''}{e.stderr or ''}")
+        return False, f"timed out after {PINNED_TESTS_TIMEOUT_S} s"
+    except OSError as e:
+        return False, f"could not start {python}: {e}"
+    log.write_text(proc.stdout + proc.stderr)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    return proc.returncode == 0, (lines[-1].strip("= ") if lines else f"exit {proc.returncode}, no output")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -406,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"realcode: {len(cases)} case(s), python {args.python}, snapshots {args.snapshots}, out {args.out}",
           flush=True)
+    tests: tuple[bool, str] | None = None
+    if not (args.only or args.no_tests):
+        print("  the realcode tier of tests/ (pytest -m realcode) ...", flush=True)
+        tests = run_pinned_tests(args.python, args.out)
+        print(f"  {'passed' if tests[0] else 'FAILED'}: {tests[1]} (output in {args.out / 'pinned-tests.log'})",
+              flush=True)
     results: list[Result] = []
     needs_cache: dict[str, bool] = {}
     for case in cases:
@@ -419,7 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     print_misses(results)
     ok = sum(r.verdict == "ok" for r in results)
     print(f"\n{ok}/{len(results)} as expected (reports in {args.out})")
-    return 0 if ok == len(results) else 1
+    if tests is not None:
+        print(f"realcode tier of tests/: {'passed' if tests[0] else 'FAILED'}: {tests[1]}")
+    return 0 if ok == len(results) and (tests is None or tests[0]) else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.realcode]
+
 # What training scripts import, per library (each line one import statement).
 IMPORTS = {
     "transformers": [

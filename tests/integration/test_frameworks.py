@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 from conftest import skip_or_fail_in_ci
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realcode]
 
 # fixture -> (framework module, report name, {check: severity} of the roots, words the root's fix must contain)
 FIXTURES = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from conftest import FIXTURES
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realcode]
 
 
 def _line_of(fixture: str, text: str) -> int:

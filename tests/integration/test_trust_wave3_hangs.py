@@ -26,7 +26,7 @@ from conftest import FIXTURES, once_per_session
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fr_harness"))
 from fr_launch import run_with_recorder  # noqa: E402
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realcode]
 
 
 def _line_of(fixture: str, marker: str) -> int:

@@ -20,7 +20,7 @@ from typing import Optional
 import pytest
 from conftest import FIXTURES, CheckRun, ddpdoctor_command, run_tmpdir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.realcode]
 
 
 def found(run: CheckRun) -> set[tuple[str, str]]:
