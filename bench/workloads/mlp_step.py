@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="pin each rank to its own core (steadier timings)")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--dataset-steps", type=int, default=0,
+                        help="size the dataset for this many steps (default --steps); the loop stops at --steps")
     parser.add_argument("--thread-cpu", action="store_true",
                         help="also print each step's main-thread CPU ms (STEP_CPU_MS rank [...]): the probes' own cost")
     parser.add_argument("--fsdp", action="store_true",
@@ -66,7 +68,7 @@ def main() -> None:
         model: nn.Module = fully_shard(net)
     else:
         model = DistributedDataParallel(net)
-    samples = args.steps * args.batch * dist.get_world_size()
+    samples = (args.dataset_steps or args.steps) * args.batch * dist.get_world_size()
     data = TensorDataset(torch.randn(samples, args.width), torch.randint(0, 10, (samples,)))
     sampler = DistributedSampler(data)
     loader = DataLoader(data, batch_size=args.batch, sampler=sampler)
@@ -74,7 +76,9 @@ def main() -> None:
                  else torch.optim.SGD(model.parameters(), lr=0.01))
     times, cpu = [], []
     loop_start, loop_cpu, loop_faults = time.perf_counter(), time.process_time(), minor_faults()
-    for x, y in loader:
+    for step, (x, y) in enumerate(loader):
+        if step == args.steps:
+            break
         start, start_cpu = time.perf_counter(), time.thread_time()
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
