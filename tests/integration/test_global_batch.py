@@ -77,8 +77,10 @@ def test_a_mean_of_means_over_accumulated_micro_batches(run_check):
 REPLAYED_TWINS = ("good_global_batch_global_count.py",)
 
 
-@pytest.mark.parametrize("fixture", ["good_global_batch_global_count.py", "good_global_batch_fixed_windows.py",
-                                     "good_hf_trainer_sft_padding.py", "good_batchnorm.py", "good_dropout.py"])
+@pytest.mark.parametrize("fixture", [
+    "good_global_batch_global_count.py", "good_global_batch_fixed_windows.py",
+    pytest.param("good_hf_trainer_sft_padding.py", marks=pytest.mark.realcode),  # HF's Trainer: the realcode tier
+    "good_batchnorm.py", "good_dropout.py"])
 def test_every_element_weighs_the_same_in_the_good_twins(run_check, fixture):
     run = run_check(fixture, *(REPLAY if fixture in REPLAYED_TWINS else ()))
     assert run.report is not None, run.output[-3000:]
