@@ -13,10 +13,11 @@ other processes take of the two cores, where the rounds' wall times move by ±15
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 
 from common import WORKLOADS, doctor, run, torchrun
-from user_overhead import STEADY_MALLOC, measure, step_cpu
+from user_overhead import JOB_ARGS, STEADY_MALLOC, measure, step_cpu
 
 CONFIGS = ("plain torchrun", "ddpdoctor check --fingerprint-every 1")
 
@@ -27,8 +28,7 @@ def bench(rounds: int, steps: int, sizes: list[int]) -> None:
     cpu: dict[tuple[int, str], list[float]] = {}
     for _ in range(rounds):
         for size in sizes:
-            args = ("--steps", str(steps), "--dataset-steps", str(size), "--pin", "--optimizer", "adamw",
-                    "--batch", "64", "--thread-cpu")
+            args = ("--steps", str(steps), "--dataset-steps", str(size), *JOB_ARGS)
             for name in CONFIGS:
                 cmd = torchrun(script, *args) if name == CONFIGS[0] else doctor(
                     script, "--fingerprint-every", "1", script_args=args)
@@ -39,7 +39,7 @@ def bench(rounds: int, steps: int, sizes: list[int]) -> None:
     print(f"\n{steps}-step job, MLP 9x1024, AdamW, batch 64, 2 gloo ranks pinned, steady malloc; {rounds} rounds")
     for size in sizes:
         plain, every = means[(size, CONFIGS[0])], means[(size, CONFIGS[1])]
-        ratios = [e / p for p, e in zip(plain, every) if p == p and e == e]
+        ratios = [e / p for p, e in zip(plain, every) if not (math.isnan(p) or math.isnan(e))]  # nan: a crashed run
         print(f"dataset for {size} steps: mean step vs plain {statistics.median(ratios):.3f}x "
               f"(rounds {' '.join(f'{r:.3f}' for r in ratios)})")
         for name in CONFIGS:

@@ -43,6 +43,8 @@ _RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s (
 # (about 1000 faults a step), for plain torchrun and ddpdoctor alike: what is left is the probes' own cost.
 # The trim threshold alone fixes the mmap threshold at 128 KiB: every tensor is mapped anew, 2 million faults.
 STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
+# The job (bench/workloads/mlp_step.py's options besides --steps): bench/dataset_size.py runs the same one.
+JOB_ARGS = ("--pin", "--optimizer", "adamw", "--batch", "64", "--thread-cpu")
 _STEP_CPU = re.compile(r"STEP_CPU_MS (\d+) (\[[-\d., ]*\])")  # two ranks' long lines may interleave: only numbers
 
 
@@ -76,7 +78,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
         configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
     script = WORKLOADS / "mlp_step.py"
     for n in steps:
-        args = ("--steps", str(n), "--pin", "--optimizer", "adamw", "--batch", "64", "--thread-cpu")
+        args = ("--steps", str(n), *JOB_ARGS)
         results: dict[str, list[dict]] = {name: [] for name in configs}
         step_cpus: dict[str, list[float]] = {name: [] for name in configs}
         crashes: dict[str, int] = {name: 0 for name in configs}

@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true",
                         help="shard the MLP with FSDP2 (fully_shard per Linear, then the root) instead of DDP")
     args = parser.parse_args()
+    if 0 < args.dataset_steps < args.steps:
+        parser.error(f"--dataset-steps {args.dataset_steps} holds fewer than --steps {args.steps} steps' batches")
     torch.set_num_threads(1)
     if args.pin and hasattr(os, "sched_setaffinity"):
         cores = sorted(os.sched_getaffinity(0))
