@@ -12,8 +12,8 @@ steps from the 11th): where the probes' work shows without the other processes' 
 on PYTHONPATH (``python -m ddpdoctor`` run inside the checkout imports the checkout's).
 
 The job: the 9.5M-parameter MLP of bench/workloads/mlp_step.py with AdamW, batch 64, 2 gloo ranks
-pinned to a core each, one thread per rank. Each ratio is paired with plain torchrun in the same round,
-then the median over the rounds with its range. Asserts nothing.
+pinned to a core each, one thread per rank. Each ratio is paired with plain torchrun in the same round
+(run first in even rounds, last in odd ones), then the median over the rounds with its range. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -82,8 +82,11 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
         results: dict[str, list[dict]] = {name: [] for name in configs}
         step_cpus: dict[str, list[float]] = {name: [] for name in configs}
         crashes: dict[str, int] = {name: 0 for name in configs}
-        for _ in range(rounds):
-            for name, (launcher, options) in configs.items():
+        for round_ in range(rounds):
+            # every other round in reverse order: a drift of the machine within a round (a neighbour's load on the
+            # VM's host moves a step by 20% for minutes) then lands on plain torchrun and ddpdoctor alike
+            order = list(configs.items())
+            for name, (launcher, options) in order if round_ % 2 == 0 else order[::-1]:
                 cmd = torchrun(script, *args) if launcher == "torchrun" else doctor(script, *options, script_args=args)
                 if launcher == "baseline":
                     cmd = [baseline_python, *cmd[1:]]
