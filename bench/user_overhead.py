@@ -3,10 +3,12 @@ plain torchrun against `ddpdoctor check` at the default schedule and with finger
 a short job (40 steps, most of them fingerprinted by default) and a long one (200 steps), interleaved
 round after round; and each rank's CPU seconds (in the loop, and in the whole process) beside plain
 torchrun's, and each step's main-thread CPU (median, 10th percentile and minimum over both ranks'
-steps from the 11th): where the probes' work shows without the other processes' noise.
+steps from the 11th): where the probes' work shows without the other processes' noise. ``--configs every2``
+adds `--fingerprint-every 2`, whose odd steps are fingerprinted: their ratio to the even steps of the same
+run is a fingerprint's cost that the machine's drift between runs does not reach.
 
     python bench/user_overhead.py [--rounds 3] [--steps 40,200] [--baseline-python PY] [--cwd DIR] [--steady-malloc]
-                                  [--configs default,every,native]
+                                  [--configs default,every,native,every2]
 
 ``--cwd``: where the runs start; outside the checkout when ``--baseline-python`` is an earlier build
 on PYTHONPATH (``python -m ddpdoctor`` run inside the checkout imports the checkout's).
@@ -24,6 +26,7 @@ import re
 import statistics
 
 from common import WORKLOADS, doctor, run, table, torchrun
+from overhead import parity_ratio
 
 CONFIGS = {
     "plain torchrun": ("torchrun", ()),
@@ -31,9 +34,12 @@ CONFIGS = {
     "ddpdoctor check --fingerprint-every 1": ("doctor", ("--fingerprint-every", "1")),
     # on a machine with no GPU, --device auto simulates one per rank: the simulation's share of the cost
     "ddpdoctor check --device native (default schedule)": ("doctor", ("--device", "native")),
+    # odd steps fingerprinted, even ones not: their ratio in one run is a fingerprint's cost out of the drift's reach
+    "ddpdoctor check --fingerprint-every 2": ("doctor", ("--fingerprint-every", "2")),
 }
 CONFIG_NAMES = {"default": "ddpdoctor check (default schedule)", "every": "ddpdoctor check --fingerprint-every 1",
-                "native": "ddpdoctor check --device native (default schedule)"}  # --configs; plain torchrun always
+                "native": "ddpdoctor check --device native (default schedule)",
+                "every2": "ddpdoctor check --fingerprint-every 2"}  # --configs; plain torchrun always
 _RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)"
                   r" loop_faults (\d+)")
 # glibc gives freed memory of big tensors back to the kernel and maps it again at a later step, as its
@@ -81,6 +87,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
         args = ("--steps", str(n), *JOB_ARGS)
         results: dict[str, list[dict]] = {name: [] for name in configs}
         step_cpus: dict[str, list[float]] = {name: [] for name in configs}
+        parities: dict[str, list[float]] = {name: [] for name in configs}
         crashes: dict[str, int] = {name: 0 for name in configs}
         for round_ in range(rounds):
             # every other round in reverse order: a drift of the machine within a round (a neighbour's load on the
@@ -90,8 +97,12 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                 cmd = torchrun(script, *args) if launcher == "torchrun" else doctor(script, *options, script_args=args)
                 if launcher == "baseline":
                     cmd = [baseline_python, *cmd[1:]]
-                output = run(cmd, cwd, env=STEADY_MALLOC if steady_malloc else None).output
+                result = run(cmd, cwd, env=STEADY_MALLOC if steady_malloc else None)
+                output = result.output
                 measured = measure(output)
+                parity = parity_ratio(result)
+                if parity is not None:
+                    parities[name].append(parity)
                 step_cpus[name].extend(step_cpu(output))
                 if measured is None:
                     crashes[name] += 1
@@ -121,6 +132,13 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                "CPU s per rank, loop", "CPU s per rank, process",
                "main-thread CPU ms per step, steps 11+ (median / p10 / min)",
                "thousand minor faults per step per rank", "crashed runs"], rows)
+        table(f"the same runs, step beside step ({n} steps): each run's median odd step over its median even step, "
+              f"from step 11 (under --fingerprint-every 2 a fingerprinted step over an unfingerprinted one of the same "
+              f"run, which the machine's drift between runs does not reach; plain torchrun's is the method's "
+              f"resolution), the median over the rounds and their range",
+              ["configuration", "odd / even step", "runs"],
+              [[name, _median_range(values), " ".join(f"{v:.3f}" for v in values)]
+               for name, values in parities.items() if values and (name == "plain torchrun" or "every 2" in name)])
         for name in configs:  # each round's ratio, in the order run: what the median and the range summarize
             ratios = [f"{this[0][0] / plain[0][0]:.3f}" for plain, this in zip(results["plain torchrun"], results[name])
                       if plain and this]
