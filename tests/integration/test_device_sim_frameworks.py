@@ -1,8 +1,8 @@
 """The device simulation never breaks what plain torchrun runs: the public modules that training
 scripts import from transformers, accelerate, lightning, peft and trl import under it, and a tiny
 GPT-2 trains on a simulated GPU through them. Each case runs in a fresh interpreter with the
-simulation installed before anything else is imported, as in a rank (the `test` extras install
-these packages beside torch 2.13 CPU; HF_HUB_OFFLINE keeps them off the network)."""
+simulation installed before anything else is imported, as in a rank (the `test` and `realcode`
+extras install these packages beside torch 2.13 CPU; HF_HUB_OFFLINE keeps them off the network)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import os
 import subprocess
 import sys
 import textwrap
+from importlib.util import find_spec
 
 import pytest
+from ci_gate import skip_or_fail_in_ci
 
 pytestmark = [pytest.mark.integration, pytest.mark.realcode]
 
@@ -37,6 +39,14 @@ IMPORTS = {
     "peft": ["from peft import LoraConfig, get_peft_model, PeftModel, TaskType, prepare_model_for_kbit_training"],
     "trl": ["from trl import SFTTrainer, SFTConfig"],
 }
+
+
+@pytest.fixture(autouse=True)
+def frameworks_installed() -> None:
+    missing = [name for name in IMPORTS if find_spec(name) is None]
+    if missing:
+        skip_or_fail_in_ci(f"{', '.join(missing)} not installed: pip install -e '.[test,realcode]'")
+
 
 PRELUDE = """
 import json, os, sys, tempfile
