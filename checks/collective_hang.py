@@ -46,7 +46,10 @@ progress. It reports:
   broadcast, whose size differs, and gloo aborts them ("Received data size doesn't match expected
   size ... collective mismatch", SIGABRT). The rank-only forward is the root, at its line; the
   abort, and the "Connection reset by peer" that follows on the rank that ran the forward, are its
-  consequences.
+  consequences. When a rank crashed first (killed, an exception), the collective its peers were
+  left waiting in is the crash's consequence, whether they then raised ("Connection closed by
+  peer") or torchrun stopped them before they could (NCCL's survivors never notice a dead peer):
+  ddpdoctor's torchrun asks the survivors to write what they hold before it stops them.
 
 A rank busy in code that is not communication (a large `torch.save`, a DataLoader waiting on
 slow storage, its own computation) is not hung: the job counts as hung only when every rank still
@@ -451,10 +454,13 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     failures = facts.failures.rank_failures(evidence)
     failed_in_it = [f for f in failures if f.rank in present and f.seq >= mismatch.n]
     aborted = [f for f in failures if f.rank in mismatch.absent and _aborted_by_mismatch(f)]
-    if not failed_in_it and not aborted:
+    stopped = _stopped_in_it(evidence, present, failures) if any(f.rank in mismatch.absent for f in failures) else []
+    if not failed_in_it and not aborted and not stopped:
         return None
     culprit = mismatch.culprit()
-    how = "; ".join(_how_it_failed(f) for f in aborted + failed_in_it)
+    how = "; ".join([*(_how_it_failed(f) for f in aborted + failed_in_it),
+                     *([f"{fmt_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped (SIGTERM) as the job "
+                        f"failed"] if stopped else [])])
     evidence_out = Orphaned(sequence=mismatch.n, called_by=sorted(present), never_called_by=mismatch.absent,
                             site=present[culprit].site, culprit_phase=present[culprit].phase)
     fix = ("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
@@ -474,6 +480,17 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     return Finding(check=ID, severity="error", ranks=tuple(sorted(present) + mismatch.absent),
                    location=Location.from_site(present[culprit].site), message=message, fix=fix,
                    evidence=evidence_out)
+
+
+def _stopped_in_it(evidence: Evidence, present: dict[int, TraceEntry], failures: list[RankFailure]) -> list[int]:
+    """Ranks that had called the collective and were stopped by their launcher's SIGTERM with no
+    failure of their own: torchrun stops the survivors as soon as one rank fails, often before a
+    survivor's backend has noticed that its peer is gone (NCCL may never notice)."""
+    if evidence.stopped_by_ddpdoctor:
+        return []  # ddpdoctor's own stop (hang, --timeout, Ctrl-C) is told by the hang finding
+    own = {f.rank for f in failures}
+    return sorted({f.rank for f in evidence.failures
+                   if f.signal == "SIGTERM" and f.rank in present and f.rank not in own})
 
 
 def _aborted_by_mismatch(failure: RankFailure) -> bool:

@@ -1,8 +1,9 @@
 """One torchrun agent, run by the supervisor: ``python .../ddpdoctor/agent.py OUT.json -- TORCHRUN_ARGS``.
 
 It is torch.distributed.run itself (rendezvous, worker start, failure handling, SIGTERM to the
-survivors) plus one addition: when workers fail, it writes torchrun's failure table as JSON so the
-supervisor gets exit codes and signals per rank without parsing logs.
+survivors) plus two additions: when workers fail, it writes torchrun's failure table as JSON so the
+supervisor gets exit codes and signals per rank without parsing logs; and before it stops the
+survivors of a failure, it asks them to flush their evidence (:func:`dump_survivors_before_stop`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,50 @@ def quicker_tails() -> None:
     tail_log.tail_logfile = tail_logfile
 
 
+# How long the survivors of a failed rank get to flush their evidence before torchrun stops them: a
+# watchdog answers at its next heartbeat (every 0.5 s), and a loaded machine may be late by as much.
+SURVIVOR_DUMP_WAIT_S = 1.5
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a failed worker torchrun has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def dump_survivors_before_stop(evidence_dir: str, wait_s: float = SURVIVOR_DUMP_WAIT_S) -> None:
+    """Make torchrun ask the surviving workers of a failure for a dump before it SIGTERMs them.
+
+    A survivor waiting in a collective its failed peer never joined raises on its own only if its
+    backend notices the peer is gone (gloo does, NCCL mostly does not) and only if that happens
+    before torchrun's next poll (0.1 s), which stops the survivors as soon as one worker failed.
+    Stopped first, it takes with it what it had not yet written: the collectives DDP issued from C++
+    since its last event, its open data passes. The dump request makes its watchdog write them, so
+    the report says where every rank was. A stop the supervisor asked for (no worker failed) has had
+    its own dump already.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+
+    from ddpdoctor.schema.dump_request import request_dumps
+
+    original = SubprocessContext._close
+
+    def _close(self, *args, **kwargs):
+        try:
+            if getattr(self, "_failures", None):
+                survivors = [h.proc.pid for h in self.subprocess_handlers.values() if h.proc.poll() is None]
+                if survivors:
+                    request_dumps(evidence_dir, survivors, wait_s, still_waiting=_running)
+        except Exception:  # the evidence is best effort; stopping the workers is not
+            pass
+        return original(self, *args, **kwargs)
+
+    SubprocessContext._close = _close  # type: ignore[method-assign]
+
+
 def main() -> None:
     out_path, sep, *torchrun_args = sys.argv[1:]
     assert sep == "--", "usage: python agent.py OUT.json -- TORCHRUN_ARGS"
@@ -88,6 +133,7 @@ def main() -> None:
     _die_with_parent()
     quiet_numpy_warning()
     from ddpdoctor.rank.gc_pause import gc_paused
+    from ddpdoctor.schema.settings import EVIDENCE_DIR
 
     # torchrun's own log lines (a worker failed, a death signal received) reach the supervisor, which
     # keeps them off the screen (supervisor/job_output.py) and in the report's launcher log instead.
@@ -97,6 +143,9 @@ def main() -> None:
         from torch.distributed.run import parse_args, run
 
     quicker_tails()
+    evidence_dir = os.environ.get(EVIDENCE_DIR)
+    if evidence_dir:
+        dump_survivors_before_stop(evidence_dir)
     try:
         run(parse_args(torchrun_args))
     except ChildFailedError as exc:

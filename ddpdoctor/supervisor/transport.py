@@ -9,12 +9,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
-from ddpdoctor.schema import layout
+from ddpdoctor.schema import dump_request, layout
 from ddpdoctor.schema.observations import Failure, Heartbeat, StackDump
 from ddpdoctor.supervisor import processes
 
@@ -83,19 +81,8 @@ class FileTransport:
         return beat.activity != "exited" and processes.alive(beat.pid)
 
     def request_stacks(self, ranks: dict[int, Heartbeat], wait_s: float = STACK_WAIT_S) -> dict[int, StackDump]:
-        token = uuid.uuid4().hex
-        write_atomic(layout.dump_request_path(self.directory), token)
-        deadline = time.monotonic() + wait_s
-        stacks: dict[int, StackDump] = {}
-        while time.monotonic() < deadline and len(stacks) < len(ranks):
-            for rank, beat in ranks.items():
-                if rank in stacks:
-                    continue
-                data = read_json(layout.stack_path(self.directory, beat.pid))
-                if data and data.get("token") == token:
-                    stacks[rank] = StackDump.from_json(data)
-            time.sleep(0.05)
-        return stacks
+        answers = dump_request.request_dumps(self.directory, [beat.pid for beat in ranks.values()], wait_s)
+        return {rank: StackDump.from_json(answers[beat.pid]) for rank, beat in ranks.items() if beat.pid in answers}
 
     def collect(self) -> Collected:
         found = []

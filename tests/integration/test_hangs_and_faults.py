@@ -86,6 +86,7 @@ FAULTS = {
     "bad_raise_on_rank1.py": (1, "ValueError: bad batch"),
     "sysexit_rank.py": (1, "sys.exit(3)"),
     "kill_rank.py": (1, "SIGKILL"),
+    "kill_rank_slow_peer.py": (1, "SIGKILL"),  # torchrun stops rank 0 before it raises
 }
 
 
@@ -107,6 +108,18 @@ def test_fault_matrix_crashes(run_check, fixture):
     assert finding["evidence"]["last_step"] == 3, said
     # The peer's collective that the crashed rank never joined is the crash's consequence, not a hang.
     assert {c["check"] for c in finding["consequences"]} == {"collective-hang"}, said
+
+
+def test_a_survivor_torchrun_stopped_first_still_says_where_it_waited(run_check):
+    """Stopped by torchrun before its own error (as NCCL's survivors always are), rank 0 was asked
+    for a dump first (rank/agent.py): the all-reduce it waited in is in the report."""
+    run = run_check("kill_rank_slow_peer.py")
+    (finding,) = run.findings("rank-failure", "error")
+    (orphan,) = finding["consequences"]
+    assert orphan["evidence"]["never_called_by"] == [1], orphan
+    assert "rank 0 issued DDP's gradient all-reduce in the backward pass" in orphan["message"], orphan
+    assert orphan["message"].endswith("then rank 0 was stopped (SIGTERM) as the job failed"), orphan
+    assert run.found() == {("rank-failure", "error")}, run.findings()
 
 
 def test_fault_matrix_timeout_stops_the_job_and_reports(run_check):

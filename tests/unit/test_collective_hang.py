@@ -308,3 +308,45 @@ def test_a_peer_killed_without_gloos_mismatch_message_is_not_called_a_rank_only_
     assert finding.evidence["kind"] == "orphan" and "rank_only" not in finding.evidence
     assert finding.message.startswith("rank 0 issued DDP's forward (its buffer or bucket broadcast), with no backward "
                                       "to follow (evaluation) at train.py:39 (collective #8) that rank 1 never issued")
+
+
+# -- a survivor its launcher stopped in the collective its failed peer never joined ----------------
+
+def _rank1_killed_while_rank0_waits_in_backward(*, rank1_failure=None, **supervisor):
+    """Both ranks trained one iteration; rank 0's next backward issued DDP's all-reduce #8, which
+    rank 1 never issued: rank 1 was killed (or not), and torchrun stopped rank 0 (SIGTERM) before
+    its backend raised (NCCL's survivors never notice the dead peer; gloo's may be slower than
+    torchrun's 0.1 s poll), after the dump that booked #8 (rank/agent.py)."""
+    from builders import failure, internal
+
+    first_iteration = [internal(1, 4, "ddp-init", line=53), internal(5, 2, "ddp-forward", line=61),
+                       internal(7, 1, "ddp-backward", line=63)]
+    failures = [failure(0, exitcode=-15, signal="SIGTERM", t=5.0)]
+    if rank1_failure is not None:
+        failures.append(rank1_failure)
+    return traced(2, {0: [*first_iteration, internal(8, 1, "ddp-backward", line=63)], 1: list(first_iteration)},
+                  outcome="failed", failures=failures, **supervisor)
+
+
+def test_a_survivor_stopped_in_the_collective_its_killed_peer_never_issued_is_the_orphan():
+    from builders import failure
+
+    (finding,) = analyze(_rank1_killed_while_rank0_waits_in_backward(
+        rank1_failure=failure(1, exitcode=-9, signal="SIGKILL", t=4.9))).findings
+    assert finding.severity == "error" and finding.location == Location(SCRIPT, 63)
+    assert finding.evidence["kind"] == "orphan" and finding.evidence["never_called_by"] == [1]
+    assert finding.message.endswith("(collective #8) that rank 1 never issued; then rank 0 was stopped (SIGTERM) as "
+                                    "the job failed"), finding.message
+
+
+def test_a_survivor_stopped_without_a_failed_peer_or_by_ddpdoctor_is_no_orphan():
+    """Every rank stopped by a SIGTERM from outside (a scheduler's), or ddpdoctor's own stop: the
+    rank that is ahead was merely ahead."""
+    from builders import failure
+
+    outside = _rank1_killed_while_rank0_waits_in_backward(rank1_failure=failure(1, exitcode=-15, signal="SIGTERM"))
+    assert analyze(outside).findings == []
+    ours = _rank1_killed_while_rank0_waits_in_backward(
+        rank1_failure=failure(1, exitcode=-9, signal="SIGKILL", t=4.9),
+        stop=stop_snapshot({0: {}, 1: {}}, {}, reason="interrupted", signal="SIGINT"))
+    assert analyze(ours).findings == []
