@@ -111,15 +111,17 @@ def dump_survivors_before_stop(evidence_dir: str, wait_s: float = SURVIVOR_DUMP_
     from ddpdoctor.schema.dump_request import request_dumps
 
     original = SubprocessContext._close
+    asked: set[int] = set()  # the contexts whose survivors were asked: once (a stop signal may close again)
 
     def _close(self, *args, **kwargs):
         try:
-            if getattr(self, "_failures", None):
+            if getattr(self, "_failures", None) and id(self) not in asked:
+                asked.add(id(self))
                 survivors = [h.proc.pid for h in self.subprocess_handlers.values() if h.proc.poll() is None]
                 if survivors:
                     request_dumps(evidence_dir, survivors, wait_s, still_waiting=_running)
-        except Exception:  # the evidence is best effort; stopping the workers is not
-            pass
+        except (OSError, ValueError, AttributeError):  # evidence is best effort; the stop is not (a
+            pass  # stop signal's SignalException goes on to torchrun, as without this wait)
         return original(self, *args, **kwargs)
 
     SubprocessContext._close = _close  # type: ignore[method-assign]
