@@ -62,7 +62,14 @@ def install(rec: Recorder) -> Callable[[], None]:
         if not installed and "torch" in sys.modules:
             rec.probe_failed("lifecycle", RuntimeError(NOT_INSTALLED), target="import hook", phase="install")
 
-    rec.on_dump.append(missed_import)  # a hang's stack dump: said before the job is stopped
+    def missed_import_at_dump() -> None:
+        """A dump (a hang's, or torchrun's agent's before it stops a failed job's survivors) may come
+        while torch is still being imported: it is in ``sys.modules`` from the import's start, and
+        the hook fires at its end. Nothing was missed then."""
+        if rec.activity != "importing":
+            missed_import()
+
+    rec.on_dump.append(missed_import_at_dump)  # said before the job is stopped
 
     def finish() -> None:
         if hook is not None:
