@@ -454,13 +454,15 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
     failures = facts.failures.rank_failures(evidence)
     failed_in_it = [f for f in failures if f.rank in present and f.seq >= mismatch.n]
     aborted = [f for f in failures if f.rank in mismatch.absent and _aborted_by_mismatch(f)]
-    stopped = _stopped_in_it(evidence, present, failures) if any(f.rank in mismatch.absent for f in failures) else []
+    stopped = _stopped_in_it(evidence, mismatch, failures)
     if not failed_in_it and not aborted and not stopped:
         return None
     culprit = mismatch.culprit()
-    how = "; ".join([*(_how_it_failed(f) for f in aborted + failed_in_it),
-                     *([f"{fmt_ranks(stopped)} {'was' if len(stopped) == 1 else 'were'} stopped (SIGTERM) as the job "
-                        f"failed"] if stopped else [])])
+    hows = [_how_it_failed(f) for f in aborted + failed_in_it]
+    if stopped:
+        verb = "was" if len(stopped) == 1 else "were"
+        hows.append(f"{fmt_ranks(stopped)} {verb} stopped (SIGTERM) as the job failed")
+    how = "; ".join(hows)
     evidence_out = Orphaned(sequence=mismatch.n, called_by=sorted(present), never_called_by=mismatch.absent,
                             site=present[culprit].site, culprit_phase=present[culprit].phase)
     fix = ("Call every collective on every rank: move it out of the rank-specific branch, or broadcast the "
@@ -482,15 +484,18 @@ def _orphaned_collective(evidence: Evidence) -> Optional[Finding]:
                    evidence=evidence_out)
 
 
-def _stopped_in_it(evidence: Evidence, present: dict[int, TraceEntry], failures: list[RankFailure]) -> list[int]:
+def _stopped_in_it(evidence: Evidence, mismatch: Mismatch, failures: list[RankFailure]) -> list[int]:
     """Ranks that had called the collective and were stopped by their launcher's SIGTERM with no
-    failure of their own: torchrun stops the survivors as soon as one rank fails, often before a
-    survivor's backend has noticed that its peer is gone (NCCL may never notice)."""
+    failure of their own, after a rank that never called it failed: torchrun stops the survivors as
+    soon as one rank fails, often before a survivor's backend has noticed that its peer is gone
+    (NCCL may never notice)."""
     if evidence.stopped_by_ddpdoctor:
         return []  # ddpdoctor's own stop (hang, --timeout, Ctrl-C) is told by the hang finding
+    if not any(f.rank in mismatch.absent for f in failures):
+        return []  # nobody failed first: a stop from outside (a scheduler's) reached every rank
     own = {f.rank for f in failures}
     return sorted({f.rank for f in evidence.failures
-                   if f.signal == "SIGTERM" and f.rank in present and f.rank not in own})
+                   if f.signal == "SIGTERM" and f.rank in mismatch.present and f.rank not in own})
 
 
 def _aborted_by_mismatch(failure: RankFailure) -> bool:
