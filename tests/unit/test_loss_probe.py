@@ -151,3 +151,25 @@ def test_a_local_gradient_sample_is_its_first_row_major_coordinates_widened_exac
     assert layout == [[0, 0, k]]
     assert joined.dtype == torch.float64
     assert torch.equal(joined, grad.reshape(-1)[:k].to(torch.float64))
+
+
+@pytest.mark.parametrize("dtypes", [
+    (torch.bfloat16, torch.bfloat16, torch.bfloat16),  # one dtype: joined, then widened once
+    (torch.float32, torch.bfloat16, torch.float16),  # mixed: each part widened on its own
+], ids=["one-dtype", "mixed"])
+def test_a_backwards_samples_are_joined_in_key_order_widened_exactly(dtypes):
+    grads = [torch.randn(50, dtype=dtype) * 1e3 for dtype in dtypes]
+    window = loss_probe._WINDOW
+    saved = (window.grads, window.backwards)
+    window.grads, window.backwards = {}, 1
+    try:
+        for position in reversed(range(len(grads))):  # arrival order is the backward's, not the key order
+            loss_probe.record_grad(0, position, len(grads), grads[position])
+        layout, (joined,) = loss_probe._grad_samples(window)
+    finally:
+        window.grads, window.backwards = saved
+    k = [entry[2] for entry in layout]
+    assert [entry[:2] for entry in layout] == [[0, 0], [0, 1], [0, 2]]
+    assert joined.dtype == torch.float64
+    expected = torch.cat([g[:n].to(torch.float64) for g, n in zip(grads, k)])
+    assert torch.equal(joined, expected)
