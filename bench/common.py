@@ -1,4 +1,4 @@
-"""What every benchmark shares: running a command timed, and printing a table."""
+"""What every benchmark shares: running a command timed, the processes it started, and printing a table."""
 
 from __future__ import annotations
 
@@ -50,6 +50,25 @@ def torchrun(script: Path, *args: str) -> list[str]:
 def doctor(script: Path | None, *options: str, script_args: tuple[str, ...] = ()) -> list[str]:
     head = [PY, "-m", "ddpdoctor", "check"] + ([str(script)] if script else [])
     return head + ["--plain", *options] + (["--", *script_args] if script_args else [])
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it, read from /proc (Linux): each process's parent from its
+    ``stat``, so a child started by any thread of its parent is found."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except OSError:
+                continue
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
 
 
 def table(title: str, header: list[str], rows: list[list]) -> None:

@@ -23,26 +23,9 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ENV, PY, WORKLOADS, table  # noqa: E402
+from common import ENV, PY, WORKLOADS, process_tree, table  # noqa: E402
 
 TINY = WORKLOADS / "tiny_ddp.py"
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
-
-
-def _tree(root: int) -> list[int]:
-    found, stack = [], [root]
-    while stack:
-        for child in _children(stack.pop()):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _status_kib(pid: int, field: str) -> int:
@@ -83,7 +66,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            pids = _tree(self.root)
+            pids = process_tree(self.root)[1:]  # below the root
             self.max_procs = max(self.max_procs, len(pids) + 1)
             for pid in pids:
                 rank = _is_supervisor(pid)  # asked every time: a pid seen before its exec is not a supervisor yet

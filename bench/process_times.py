@@ -12,31 +12,13 @@ missed, and CPU seconds are read at the last sample before a process exits (up t
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import subprocess
 import time
 
-from common import table
+from common import process_tree, table
 
 _HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _descendants(root: int) -> list[int]:
-    children = collections.defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    children[int(f.read().rsplit(")", 1)[1].split()[1])].append(int(entry))
-            except OSError:
-                continue
-    found, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        found.append(pid)
-        stack.extend(children.get(pid, []))
-    return found
 
 
 def _sample(pid: int) -> tuple[float, str] | None:
@@ -56,7 +38,7 @@ def one_run(command: list[str]) -> tuple[list[list[str]], float]:
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while proc.poll() is None:
         now = time.perf_counter() - started
-        for pid in _descendants(proc.pid):
+        for pid in process_tree(proc.pid):
             sample = _sample(pid)
             if sample is None:
                 continue

@@ -17,23 +17,10 @@ import os
 import subprocess
 import time
 
-from common import ENV, WORKLOADS, doctor, table, torchrun
+from common import ENV, WORKLOADS, doctor, process_tree, table, torchrun
 from user_overhead import JOB_ARGS
 
 _HZ = os.sysconf("SC_CLK_TCK")
-
-
-def _descendants(root: int) -> list[int]:
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                todo.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return found
 
 
 def _role(pid: int) -> str:
@@ -55,7 +42,7 @@ def _role(pid: int) -> str:
 def _sample(root: int) -> dict[tuple[int, int], tuple[str, str, int, int, int]]:
     """(pid, tid) -> (role, thread name, voluntary, involuntary switches, CPU ticks)."""
     out = {}
-    for pid in _descendants(root):
+    for pid in process_tree(root):
         role = _role(pid)
         try:
             tids = os.listdir(f"/proc/{pid}/task")

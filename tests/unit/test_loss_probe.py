@@ -5,6 +5,7 @@ line that names the world size. Installed through its real entry point and undon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -126,6 +127,18 @@ def test_unsampled_windows_and_calls_without_gradients_cost_nothing(probe):
     assert windows() == []
 
 
+@contextlib.contextmanager
+def _one_backward():
+    """The current window with its gradient samples emptied and one backward counted, restored after."""
+    window = loss_probe._WINDOW
+    saved = (window.grads, window.backwards)
+    window.grads, window.backwards = {}, 1
+    try:
+        yield window
+    finally:
+        window.grads, window.backwards = saved
+
+
 @pytest.mark.parametrize("make", [
     lambda: torch.randn(6, 7),  # contiguous
     lambda: torch.randn(7, 6).t(),  # transposed: its row-major coordinates are not its memory order
@@ -139,14 +152,9 @@ def test_a_local_gradient_sample_is_its_first_row_major_coordinates_widened_exac
     if not take:
         monkeypatch.setattr(loss_probe, "_TAKE_DEVICES", ())
     grad = make()
-    window = loss_probe._WINDOW
-    saved = (window.grads, window.backwards)
-    window.grads, window.backwards = {}, 1
-    try:
+    with _one_backward() as window:
         loss_probe.record_grad(0, 0, 1, grad)
         layout, (joined,) = loss_probe._grad_samples(window)
-    finally:
-        window.grads, window.backwards = saved
     k = min(loss_probe.MAX_PER_PARAMETER, grad.numel())
     assert layout == [[0, 0, k]]
     assert joined.dtype == torch.float64
@@ -159,15 +167,10 @@ def test_a_local_gradient_sample_is_its_first_row_major_coordinates_widened_exac
 ], ids=["one-dtype", "mixed"])
 def test_a_backwards_samples_are_joined_in_key_order_widened_exactly(dtypes):
     grads = [torch.randn(50, dtype=dtype) * 1e3 for dtype in dtypes]
-    window = loss_probe._WINDOW
-    saved = (window.grads, window.backwards)
-    window.grads, window.backwards = {}, 1
-    try:
+    with _one_backward() as window:
         for position in reversed(range(len(grads))):  # arrival order is the backward's, not the key order
             loss_probe.record_grad(0, position, len(grads), grads[position])
         layout, (joined,) = loss_probe._grad_samples(window)
-    finally:
-        window.grads, window.backwards = saved
     k = [entry[2] for entry in layout]
     assert [entry[:2] for entry in layout] == [[0, 0], [0, 1], [0, 2]]
     assert joined.dtype == torch.float64
