@@ -28,6 +28,8 @@ import statistics
 from common import WORKLOADS, doctor, run, table, torchrun
 from overhead import parity_ratio
 
+from ddpdoctor.schema.sampling import should_fingerprint
+
 CONFIGS = {
     "plain torchrun": ("torchrun", ()),
     "ddpdoctor check (default schedule)": ("doctor", ()),
@@ -67,6 +69,41 @@ def step_cpu(output: str) -> list[float]:
     return [ms for m in _STEP_CPU.finditer(output) for ms in json.loads(m.group(2))[10:]]
 
 
+def step_cpu_runs(output: str) -> list[list[float]]:
+    """Each rank's main-thread CPU ms of every step, in order."""
+    return [json.loads(m.group(2)) for m in _STEP_CPU.finditer(output)]
+
+
+def _every(options: tuple[str, ...]) -> int:
+    """The --fingerprint-every a configuration's options give (0: the automatic schedule)."""
+    return int(options[options.index("--fingerprint-every") + 1]) if "--fingerprint-every" in options else 0
+
+
+def step_kinds(plain: list[list[float]], runs: list[list[float]], every: int) -> list[list[str]]:
+    """Where a configuration's extra main-thread CPU goes: per step index, the median over its runs' ranks less
+    plain torchrun's median at the same index (both from the same interleaved rounds, so the machine's drift
+    reaches both), grouped by kind. A kind's share is its extra CPU over plain's whole CPU from step 5: what it
+    adds to the mean step a user sees."""
+    length = min(min(map(len, plain), default=0), min(map(len, runs), default=0))
+    if not length:
+        return []
+    extra = [statistics.median(r[i] for r in runs) - statistics.median(p[i] for p in plain) for i in range(length)]
+    base = [statistics.median(p[i] for p in plain) for i in range(length)]
+    kinds = {"step 1": [0], "steps 2-4": list(range(1, min(4, length))),
+             "fingerprinted, step 5+": [i for i in range(4, length) if should_fingerprint(i + 1, every)],
+             "unfingerprinted, step 5+": [i for i in range(4, length) if not should_fingerprint(i + 1, every)]}
+    whole = sum(base[4:]) or 1.0
+    rows = []
+    for kind, indices in kinds.items():
+        if not indices:
+            continue
+        per_step, plain_step = statistics.median(extra[i] for i in indices), statistics.median(base[i] for i in indices)
+        share = f"{100 * sum(extra[i] for i in indices) / whole:+.2f}%" if indices[0] >= 4 else "-"
+        rows.append([kind, str(len(indices)), f"{plain_step:.1f}", f"{per_step:+.2f}",
+                     f"{100 * per_step / plain_step:+.1f}%", share])
+    return rows
+
+
 def _median_range(values: list[float], unit: str = "x") -> str:
     if not values:
         return "-"
@@ -89,6 +126,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
         step_cpus: dict[str, list[float]] = {name: [] for name in configs}
         parities: dict[str, list[float]] = {name: [] for name in configs}
         crashes: dict[str, int] = {name: 0 for name in configs}
+        step_runs: dict[str, list[list[float]]] = {name: [] for name in configs}
         for round_ in range(rounds):
             # every other round in reverse order: a drift of the machine within a round (a neighbour's load on the
             # VM's host moves a step by 20% for minutes) then lands on plain torchrun and ddpdoctor alike
@@ -104,6 +142,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                 if parity is not None:
                     parities[name].append(parity)
                 step_cpus[name].extend(step_cpu(output))
+                step_runs[name].extend(step_cpu_runs(output))
                 if measured is None:
                     crashes[name] += 1
                 results[name].append(measured or {})
@@ -139,6 +178,14 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
               ["configuration", "odd / even step", "runs"],
               [[name, _median_range(values), " ".join(f"{v:.3f}" for v in values)]
                for name, values in parities.items() if values and (name == "plain torchrun" or "every 2" in name)])
+        kind_rows = [[name, *row] for name, (_, options) in configs.items() if name != "plain torchrun"
+                     for row in step_kinds(step_runs["plain torchrun"], step_runs[name], _every(options))]
+        if kind_rows:
+            table(f"where the extra main-thread CPU goes ({n} steps), by step kind: per step, the median over the "
+                  f"runs' ranks less plain torchrun's at the same step; the kind's share of plain's CPU from step 5 "
+                  f"(what it adds to the mean step)",
+                  ["configuration", "kind", "steps", "plain ms per step", "extra ms per step", "extra per step",
+                   "share of the mean"], kind_rows)
         for name in configs:  # each round's ratio, in the order run: what the median and the range summarize
             ratios = [f"{this[0][0] / plain[0][0]:.3f}" for plain, this in zip(results["plain torchrun"], results[name])
                       if plain and this]
