@@ -295,8 +295,10 @@ class _Kernels:
 def _fused(device: torch.device, addresses: Sequence[int], sizes: Sequence[int],
            mode: str) -> Optional[tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """The fused kernel's sums of the words at ``addresses`` on a GPU, or None where it cannot run
-    (no Triton, a CUDA graph being captured, a failure: then never again in this process)."""
-    if not fused_word_sums.available() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+    (no Triton, Triton's interpreter for a GPU, a CUDA graph being captured, a failure: then never again in
+    this process)."""
+    if (fused_word_sums.interpreted_on_host(device) or not fused_word_sums.available()
+            or (device.type == "cuda" and torch.cuda.is_current_stream_capturing())):
         return None
     try:
         return fused_word_sums.word_sums(device, addresses, sizes, mode, small=_SMALL_WORDS, stride=_SAMPLE_STRIDE,

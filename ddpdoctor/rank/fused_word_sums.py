@@ -12,20 +12,23 @@ atomic: addition modulo 2**64 is associative and commutative, so the totals are 
 Three modes, one pass each: the full sums; the sampled sums (runs of ``run`` words every
 ``stride`` of a big tensor, small ones whole: ``fingerprint._sampled_word_sum``); both at once.
 
-Used only where Triton imports and the tensors are int64 word views on one CUDA device; any other
-case, or a failure to compile or launch, leaves the per-tensor kernels in charge (``available``
+Used only where Triton imports and the tensors are int64 word views on one CUDA device, and not under
+Triton's interpreter (``interpreted_on_host``); any other case, or a failure to compile or launch, leaves
+the per-tensor kernels in charge (``available``
 returns False from then on, and the optimizer probe reports the failure as a probe's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["DEVICE_TYPES", "MODES", "available", "disable", "failure", "launch_failure", "word_sums"]
+__all__ = ["DEVICE_TYPES", "MODES", "available", "disable", "failure", "interpreted_on_host", "launch_failure",
+           "word_sums"]
 
 MODES = ("full", "sampled", "both")
 # Where the fused kernel is used: a GPU. The tests add "cpu" under Triton's interpreter (TRITON_INTERPRET=1).
@@ -95,6 +98,19 @@ def available() -> bool:
                 except Exception as exc:  # no Triton, or one that does not build this
                     _failure = exc
     return _kernel is not None
+
+
+_TRUE = ("1", "true", "yes", "on", "y")  # what Triton reads as true in TRITON_INTERPRET
+
+
+def interpreted_on_host(device: torch.device) -> bool:
+    """Whether Triton would run the kernel for ``device``'s tensors in its interpreter, on the host: a GPU's,
+    under TRITON_INTERPRET (a script debugging its own kernels). The kernel reads tensors through their
+    addresses, which are the device's: the host would dereference them. And once the interpreter has run a
+    kernel in a process, torch's second intra-op thread can compute an elementwise op's share differently
+    (tests/unit/test_fused_word_sums.py): a probe must not bring that about. The tests' stand-in, the
+    interpreter reading CPU tensors (``DEVICE_TYPES`` with "cpu"), reads host memory as it should."""
+    return device.type != "cpu" and os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
 
 
 def failure() -> Optional[BaseException]:

@@ -117,7 +117,8 @@ _RUN = textwrap.dedent("""
     # One intra-op thread: once Triton's interpreter has run any kernel in a process (a trivial one will do), the
     # half of an elementwise op that torch's second thread computes comes out different in about one run in six
     # (AdamW's update off by up to 3e-4, relative), and the runs compared here would train apart. With one
-    # thread none did in 24 runs. The interpreter is this test's stand-in for a GPU; on a GPU it does not run.
+    # thread none did in 24 runs. The interpreter is this test's stand-in for a GPU; on a GPU it does not run
+    # (fused_word_sums.interpreted_on_host).
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
     torch.manual_seed(0)
@@ -158,3 +159,26 @@ def test_a_ddp_run_writes_the_same_fingerprints_fused_and_per_tensor_and_a_faile
                                                              "the per-tensor kernels took over")]
     assert checks_affected("fused-fingerprint-kernel", {"gradient-sync": ("optimizer",)}) == ()  # none incomplete
     assert "no kernel image" in errors[0]["error"]
+
+
+def test_under_tritons_interpreter_a_gpus_tensors_are_summed_per_tensor_not_by_the_fused_kernel(monkeypatch) -> None:
+    """TRITON_INTERPRET (set by a script debugging its own kernels) would run the fused kernel on the host, where
+    a GPU tensor's address cannot be read, and the interpreter's run would change how the process computes: the
+    per-tensor kernels read a GPU's tensors then. The CPU stand-in the tests use still runs under it."""
+    from ddpdoctor.rank import fingerprint, fused_word_sums
+
+    launched = []
+    monkeypatch.setattr(fused_word_sums, "available", lambda: True)
+    monkeypatch.setattr(fused_word_sums, "word_sums", lambda *args, **kwargs: launched.append(args) or ("sums", None))
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    for value in ("1", "true", " On "):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert fused_word_sums.interpreted_on_host(gpu) and not fused_word_sums.interpreted_on_host(cpu)
+        assert fingerprint._fused(gpu, (4096,), (8,), "full") is None
+    assert fingerprint._fused(cpu, (4096,), (8,), "full") == ("sums", None)  # the tests' stand-in
+    assert len(launched) == 1 and launched[0][0] == cpu
+    for value in ("0", ""):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert not fused_word_sums.interpreted_on_host(gpu)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not fused_word_sums.interpreted_on_host(gpu)
