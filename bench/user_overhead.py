@@ -63,15 +63,15 @@ def measure(output: str) -> dict[int, tuple[float, float, float, float, float]] 
     return found if len(found) == 2 else None  # type: ignore[return-value]
 
 
-def step_cpu(output: str) -> list[float]:
-    """Both ranks' main-thread CPU ms of each step from the 11th on: what the probes cost a rank,
-    without the other processes' share of the cores that wall times carry."""
-    return [ms for m in _STEP_CPU.finditer(output) for ms in json.loads(m.group(2))[10:]]
-
-
 def step_cpu_runs(output: str) -> list[list[float]]:
     """Each rank's main-thread CPU ms of every step, in order."""
     return [json.loads(m.group(2)) for m in _STEP_CPU.finditer(output)]
+
+
+def step_cpu(output: str) -> list[float]:
+    """Both ranks' main-thread CPU ms of each step from the 11th on: what the probes cost a rank,
+    without the other processes' share of the cores that wall times carry."""
+    return [ms for steps in step_cpu_runs(output) for ms in steps[10:]]
 
 
 def _every(options: tuple[str, ...]) -> int:
@@ -87,8 +87,8 @@ def step_kinds(plain: list[list[float]], runs: list[list[float]], every: int) ->
     length = min(min(map(len, plain), default=0), min(map(len, runs), default=0))
     if not length:
         return []
-    extra = [statistics.median(r[i] for r in runs) - statistics.median(p[i] for p in plain) for i in range(length)]
     base = [statistics.median(p[i] for p in plain) for i in range(length)]
+    extra = [statistics.median(r[i] for r in runs) - base[i] for i in range(length)]
     kinds = {"step 1": [0], "steps 2-4": list(range(1, min(4, length))),
              "fingerprinted, step 5+": [i for i in range(4, length) if should_fingerprint(i + 1, every)],
              "unfingerprinted, step 5+": [i for i in range(4, length) if not should_fingerprint(i + 1, every)]}
@@ -123,7 +123,6 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
     for n in steps:
         args = ("--steps", str(n), *JOB_ARGS)
         results: dict[str, list[dict]] = {name: [] for name in configs}
-        step_cpus: dict[str, list[float]] = {name: [] for name in configs}
         parities: dict[str, list[float]] = {name: [] for name in configs}
         crashes: dict[str, int] = {name: 0 for name in configs}
         step_runs: dict[str, list[list[float]]] = {name: [] for name in configs}
@@ -141,7 +140,6 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                 parity = parity_ratio(result)
                 if parity is not None:
                     parities[name].append(parity)
-                step_cpus[name].extend(step_cpu(output))
                 step_runs[name].extend(step_cpu_runs(output))
                 if measured is None:
                     crashes[name] += 1
@@ -158,7 +156,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                 cpu.extend(v[2] for v in this.values())
                 process_cpu.extend(v[3] for v in this.values())
                 faults.extend(v[4] / n / 1000 for v in this.values())
-            steps_cpu = sorted(step_cpus[name])
+            steps_cpu = sorted(ms for steps in step_runs[name] for ms in steps[10:])
             p10 = steps_cpu[len(steps_cpu) // 10] if steps_cpu else 0.0
             step_cell = f"{statistics.median(steps_cpu):.1f} / {p10:.1f} / {steps_cpu[0]:.1f}" if steps_cpu else "-"
             rows.append([name, f"{statistics.median(means):.1f}" if means else "-", _median_range(mean_ratio),

@@ -14,8 +14,8 @@ Three modes, one pass each: the full sums; the sampled sums (runs of ``run`` wor
 
 Used only where Triton imports and the tensors are int64 word views on one CUDA device, and not under
 Triton's interpreter (``interpreted_on_host``); any other case, or a failure to compile or launch, leaves
-the per-tensor kernels in charge (``available``
-returns False from then on, and the optimizer probe reports the failure as a probe's).
+the per-tensor kernels in charge (``available`` returns False from then on, and the optimizer probe
+reports the failure as a probe's).
 """
 
 from __future__ import annotations
