@@ -14,7 +14,7 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "flight_recorder"
 CASES = {  # folder: (fixture, options)
     "some_ranks": ("hang_collective_some_ranks.py", {}),
     "stuck": ("hang_rank_stuck_in_own_code.py", {}),
-    "killed": ("kill_rank.py", {}),
+    "killed": ("kill_rank.py", {"monitor_interval_s": 2.0}),  # rank 0 writes its error file (test_postmortem)
     "subgroup": ("hang_subgroup_mismatch.py", {"nproc": 4}),
     "ring": ("hang_rank_stuck_in_own_code.py", {"buffer_size": 6}),
     "json": ("hang_reduce_shape_mismatch.py", {"fmt": "json"}),

@@ -16,11 +16,13 @@ DUMP_PREFIX = "fr_trace_rank_"
 
 def run_with_recorder(fixture: str, out: Path, *, nproc: int = 2, timeout_s: float = 3.0,
                       buffer_size: Optional[int] = None, fmt: str = "pickle", limit_s: float = 180,
-                      dump_at_exit: bool = False, env_extra: Optional[dict] = None) -> int:
+                      dump_at_exit: bool = False, env_extra: Optional[dict] = None,
+                      monitor_interval_s: Optional[float] = None) -> int:
     """torchrun FIXTURE on ``nproc`` gloo ranks; returns torchrun's exit status. ``out`` receives
     ``fr_trace_rank_<rank>`` dumps, ``logs/`` (torchrun --log-dir: error files) and ``torchrun.log``.
     ``timeout_s``: the harness watchdog's collective timeout; ``dump_at_exit``: every rank also dumps
-    as its script ends; ``env_extra``: more variables for the script."""
+    as its script ends; ``env_extra``: more variables for the script; ``monitor_interval_s``:
+    torchrun's ``--monitor-interval`` (its default, 0.1 s, unless given)."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env.update({"PYTHONPATH": os.pathsep.join([str(HARNESS), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -33,6 +35,8 @@ def run_with_recorder(fixture: str, out: Path, *, nproc: int = 2, timeout_s: flo
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DDPDOCTOR_ACTIVE"):
         env.pop(name, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               f"--log-dir={out / 'logs'}", str(FIXTURES / fixture)]
+               f"--log-dir={out / 'logs'}",
+               *([f"--monitor-interval={monitor_interval_s:g}"] if monitor_interval_s is not None else []),
+               str(FIXTURES / fixture)]
     with open(out / "torchrun.log", "wb") as log:
         return subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=limit_s).returncode
