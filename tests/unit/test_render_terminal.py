@@ -218,10 +218,14 @@ def test_a_failed_probe_names_the_checks_it_left_incomplete_or_says_it_left_none
         {"probe": "optimizer", "error": "RuntimeError: boom", "target": None, "phase": "run", "ranks": [0],
          "checks": ["gradient-sync", "config-sync"]},
         {"probe": "fused-fingerprint-kernel", "error": "RuntimeError: no kernel image", "phase": "run",
-         "target": "the per-tensor kernels took over", "ranks": [0, 1], "checks": []}]
+         "target": "the per-tensor kernels took over", "ranks": [0, 1], "checks": []},
+        {"probe": "flight-recorder-missing", "error": "no dump from rank 1", "target": None, "phase": "run",
+         "ranks": [], "checks": ["collective-hang"]}]
     lines = [line for line in rendered(report).splitlines() if line.startswith("ddpdoctor: probe")]
     assert lines == [
-        "ddpdoctor: probe optimizer failed (RuntimeError: boom) on ranks [0]; checks left incomplete: gradient-sync, "
+        "ddpdoctor: probe optimizer failed (RuntimeError: boom) on rank 0; checks left incomplete: gradient-sync, "
         "config-sync",
-        "ddpdoctor: probe fused-fingerprint-kernel failed (RuntimeError: no kernel image) on ranks [0, 1]; no check "
-        "left incomplete"]
+        "ddpdoctor: probe fused-fingerprint-kernel failed (RuntimeError: no kernel image) on ranks 0, 1; no check "
+        "left incomplete",
+        "ddpdoctor: probe flight-recorder-missing failed (no dump from rank 1); checks left incomplete: "
+        "collective-hang"]

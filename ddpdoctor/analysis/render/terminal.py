@@ -380,8 +380,10 @@ def render(console: Console, report: Report, *, plain: bool, fail_on: str = DEFA
     for problem in report.probe_errors:
         left = (f"checks left incomplete: {', '.join(problem['checks'])}" if problem["checks"]
                 else "no check left incomplete")
-        console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}) on ranks "
-                           f"{problem['ranks'] or '-'}; {left}", style="yellow"))
+        # A probe of the analysis (a post-mortem's missing dump) failed on no rank: no "on ..." then.
+        where = f" on {ranks_text(problem['ranks'])}" if problem["ranks"] else ""
+        console.print(Text(f"ddpdoctor: probe {problem['probe']} failed ({problem['error']}){where}; {left}",
+                           style="yellow"))
     if report.launcher_log:
         count = len(report.launcher_log)
         where = f" in {report.launcher_log_path}" if report.launcher_log_path else " in the JSON report (launcher_log)"
