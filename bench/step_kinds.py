@@ -79,6 +79,10 @@ TIMED_PROBE_FUNCTIONS = (
     ("ddpdoctor.rank.probes.data", "_notify", "data probe: its listeners (the content probe's batch rows)"),
     ("ddpdoctor.rank.probes.content", "_ContentProbe.on_forward", "content probe: forward inputs' rows"),
     ("ddpdoctor.rank.clock", "CollectiveClock._sync", "collective clock: reads and books DDP's collectives"),
+    ("ddpdoctor.rank.probes.optimizer", "_fill_step", "optimizer: the step record's filling, from the host values"),
+    ("ddpdoctor.rank.probes.optimizer", "encode_fingerprints", "optimizer: fingerprints encoded for the record"),
+    ("ddpdoctor.rank.fingerprint", "gather", "fingerprint: sums gathered for one host copy"),
+    ("ddpdoctor.rank.fingerprint", "assign", "fingerprint: host values assigned"),
 )
 
 
