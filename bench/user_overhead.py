@@ -68,10 +68,15 @@ def step_cpu_runs(output: str) -> list[list[float]]:
     return [json.loads(m.group(2)) for m in _STEP_CPU.finditer(output)]
 
 
+def from_step_11(runs: list[list[float]]) -> list[float]:
+    """The main-thread CPU ms of every run's steps from the 11th on, pooled."""
+    return [ms for steps in runs for ms in steps[10:]]
+
+
 def step_cpu(output: str) -> list[float]:
     """Both ranks' main-thread CPU ms of each step from the 11th on: what the probes cost a rank,
     without the other processes' share of the cores that wall times carry."""
-    return [ms for steps in step_cpu_runs(output) for ms in steps[10:]]
+    return from_step_11(step_cpu_runs(output))
 
 
 def _every(options: tuple[str, ...]) -> int:
@@ -156,7 +161,7 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
                 cpu.extend(v[2] for v in this.values())
                 process_cpu.extend(v[3] for v in this.values())
                 faults.extend(v[4] / n / 1000 for v in this.values())
-            steps_cpu = sorted(ms for steps in step_runs[name] for ms in steps[10:])
+            steps_cpu = sorted(from_step_11(step_runs[name]))
             p10 = steps_cpu[len(steps_cpu) // 10] if steps_cpu else 0.0
             step_cell = f"{statistics.median(steps_cpu):.1f} / {p10:.1f} / {steps_cpu[0]:.1f}" if steps_cpu else "-"
             rows.append([name, f"{statistics.median(means):.1f}" if means else "-", _median_range(mean_ratio),
