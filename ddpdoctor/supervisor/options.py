@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
 
 from ddpdoctor.schema.findings import DEFAULT_FAIL_ON, Severity
+from ddpdoctor.schema.sampling import AUTO, describe
 from ddpdoctor.schema.settings import DEVICE_ALIASES, DEVICE_MODES, device_mode
 from ddpdoctor.supervisor.report_files import GITHUB_HELP, RENDERERS
 
@@ -155,8 +156,7 @@ LAUNCH = Option("launch", ("--launch",), LaunchMode, "auto", run_field=True, met
                 help="torchrun, or spawn for scripts that start their own workers; {default} (default) detects.")
 FINGERPRINT_EVERY = Option(
     "fingerprint_every", ("--fingerprint-every",), int, 0, run_field=True, metavar="K", validate=_fingerprint_every,
-    help="Fingerprint gradients and parameters every K-th step; {default} (default): steps 1-20, then every 10th "
-         "to step 200, then every 50th.")
+    help="Fingerprint gradients and parameters every K-th step; {default} (default): " + describe(AUTO) + ".")
 QUIET = Option("quiet", ("--quiet", "-q"), bool, False, help="Hide the script's own output.")
 PLAIN = Option("plain", ("--plain",), bool, False, help="Plain lines even on a terminal.")
 KEEP_EVIDENCE = Option("keep_evidence", ("--keep-evidence",), Path, None, run_field=True, metavar="DIR",
