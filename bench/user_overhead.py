@@ -24,6 +24,7 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 
 from common import WORKLOADS, doctor, run, table, torchrun
 from overhead import parity_ratio
@@ -84,7 +85,19 @@ def _every(options: tuple[str, ...]) -> int:
     return int(options[options.index("--fingerprint-every") + 1]) if "--fingerprint-every" in options else 0
 
 
-def step_kinds(plain: list[list[float]], runs: list[list[float]], every: int) -> list[list[str]]:
+def fingerprinted_steps(python: str | None, every: int, length: int, cwd: str) -> set[int]:
+    """The steps (1-based) of a job of ``length`` steps that an install fingerprints under ``--fingerprint-every
+    every``: this checkout's schedule, or the one of the install behind ``python`` (an earlier build's may differ)."""
+    if python is None:
+        return {n for n in range(1, length + 1) if should_fingerprint(n, every)}
+    ask = ("import sys; from ddpdoctor.schema.sampling import should_fingerprint as f; "
+           "print(*(n for n in range(1, int(sys.argv[1]) + 1) if f(n, int(sys.argv[2]))))")
+    out = subprocess.run([python, "-c", ask, str(length), str(every)], cwd=cwd, capture_output=True, text=True,
+                         check=True)
+    return {int(n) for n in out.stdout.split()}
+
+
+def step_kinds(plain: list[list[float]], runs: list[list[float]], fingerprinted: set[int]) -> list[list[str]]:
     """Where a configuration's extra main-thread CPU goes: per step index, the median over its runs' ranks less
     plain torchrun's median at the same index (both from the same interleaved rounds, so the machine's drift
     reaches both), grouped by kind. A kind's share is its extra CPU over plain's whole CPU from step 5: what it
@@ -95,8 +108,8 @@ def step_kinds(plain: list[list[float]], runs: list[list[float]], every: int) ->
     base = [statistics.median(p[i] for p in plain) for i in range(length)]
     extra = [statistics.median(r[i] for r in runs) - base[i] for i in range(length)]
     kinds = {"step 1": [0], "steps 2-4": list(range(1, min(4, length))),
-             "fingerprinted, step 5+": [i for i in range(4, length) if should_fingerprint(i + 1, every)],
-             "unfingerprinted, step 5+": [i for i in range(4, length) if not should_fingerprint(i + 1, every)]}
+             "fingerprinted, step 5+": [i for i in range(4, length) if i + 1 in fingerprinted],
+             "unfingerprinted, step 5+": [i for i in range(4, length) if i + 1 not in fingerprinted]}
     whole = sum(base[4:]) or 1.0
     rows = []
     for kind, indices in kinds.items():
@@ -121,9 +134,11 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
           chosen: list[str]) -> None:
     configs = {name: value for name, value in CONFIGS.items()
                if name == "plain torchrun" or name in [CONFIG_NAMES[c] for c in chosen]}
-    if baseline_python:
-        configs["baseline install (default schedule)"] = ("baseline", ())
-        configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
+    if baseline_python:  # the other install's twin of each chosen schedule
+        if "default" in chosen:
+            configs["baseline install (default schedule)"] = ("baseline", ())
+        if "every" in chosen:
+            configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
     script = WORKLOADS / "mlp_step.py"
     for n in steps:
         args = ("--steps", str(n), *JOB_ARGS)
@@ -181,8 +196,9 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
               ["configuration", "odd / even step", "runs"],
               [[name, _median_range(values), " ".join(f"{v:.3f}" for v in values)]
                for name, values in parities.items() if values and (name == "plain torchrun" or "every 2" in name)])
-        kind_rows = [[name, *row] for name, (_, options) in configs.items() if name != "plain torchrun"
-                     for row in step_kinds(step_runs["plain torchrun"], step_runs[name], _every(options))]
+        kind_rows = [[name, *row] for name, (launcher, options) in configs.items() if name != "plain torchrun"
+                     for row in step_kinds(step_runs["plain torchrun"], step_runs[name], fingerprinted_steps(
+                         baseline_python if launcher == "baseline" else None, _every(options), n, cwd))]
         if kind_rows:
             table(f"where the extra main-thread CPU goes ({n} steps), by step kind: per step, the median over the "
                   f"runs' ranks less plain torchrun's at the same step; the kind's share of plain's CPU from step 5 "
@@ -201,7 +217,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", default="40,200", help="comma-separated job lengths")
     parser.add_argument("--baseline-python",
-                        help="also the ddpdoctor of this Python (an earlier build), default schedule and every step")
+                        help="also the ddpdoctor of this Python (an earlier build), each of the chosen default and every-step schedules")
     parser.add_argument("--cwd", default=".")
     parser.add_argument("--steady-malloc", action="store_true",
                         help="run every configuration with glibc's mmap and trim thresholds fixed (see STEADY_MALLOC)")
