@@ -217,7 +217,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", default="40,200", help="comma-separated job lengths")
     parser.add_argument("--baseline-python",
-                        help="also the ddpdoctor of this Python (an earlier build), each of the chosen default and every-step schedules")
+                        help="also the ddpdoctor of this Python (an earlier build), in each chosen schedule of "
+                             "default and every")
     parser.add_argument("--cwd", default=".")
     parser.add_argument("--steady-malloc", action="store_true",
                         help="run every configuration with glibc's mmap and trim thresholds fixed (see STEADY_MALLOC)")
