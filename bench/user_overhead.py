@@ -43,6 +43,8 @@ CONFIGS = {
 CONFIG_NAMES = {"default": "ddpdoctor check (default schedule)", "every": "ddpdoctor check --fingerprint-every 1",
                 "native": "ddpdoctor check --device native (default schedule)",
                 "every2": "ddpdoctor check --fingerprint-every 2"}  # --configs; plain torchrun always
+# --baseline-python: the earlier install's configuration beside each of these chosen ones
+BASELINE_TWINS = {"default": "baseline install (default schedule)", "every": "baseline install --fingerprint-every 1"}
 _RUN = re.compile(r"RUN rank (\d+) mean_ms ([\d.]+) loop_s ([\d.]+) loop_cpu_s ([\d.]+) process_cpu_s ([\d.]+)"
                   r" loop_faults (\d+)")
 # glibc gives freed memory of big tensors back to the kernel and maps it again at a later step, as its
@@ -134,11 +136,9 @@ def bench(cwd: str, rounds: int, steps: list[int], baseline_python: str | None, 
           chosen: list[str]) -> None:
     configs = {name: value for name, value in CONFIGS.items()
                if name == "plain torchrun" or name in [CONFIG_NAMES[c] for c in chosen]}
-    if baseline_python:  # the other install's twin of each chosen schedule
-        if "default" in chosen:
-            configs["baseline install (default schedule)"] = ("baseline", ())
-        if "every" in chosen:
-            configs["baseline install --fingerprint-every 1"] = ("baseline", ("--fingerprint-every", "1"))
+    if baseline_python:  # the other install's twin of each chosen schedule, with the same options
+        configs.update({name: ("baseline", CONFIGS[CONFIG_NAMES[chosen_name]][1])
+                        for chosen_name, name in BASELINE_TWINS.items() if chosen_name in chosen})
     script = WORKLOADS / "mlp_step.py"
     for n in steps:
         args = ("--steps", str(n), *JOB_ARGS)
