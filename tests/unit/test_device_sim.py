@@ -821,3 +821,87 @@ def test_a_builtin_optimizers_step_runs_outside_the_simulations_mode(tmp_path):
     assert simulated["dispatched in a step"] <= 2
     assert simulated["parameters"] == results["native"]["parameters"]
     assert simulated["hook"] == 1 and simulated["mine"] == simulated["keeps"] == "cpu"
+
+
+@pytest.fixture
+def dispatched(sim, monkeypatch):
+    """The torch functions that went through the simulation's mode, in order, from now on."""
+    from ddpdoctor.rank.devicesim.mode import CpuDeviceMode
+
+    calls: list = []
+    dispatch = CpuDeviceMode.__torch_function__
+
+    def counted(self, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return dispatch(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(CpuDeviceMode, "__torch_function__", counted)
+    return calls
+
+
+def _named(calls: list, name: str) -> list:
+    return [f for f in calls if getattr(f, "__name__", "") == name]
+
+
+def test_a_builtin_optimizers_zero_grad_runs_outside_the_mode(dispatched):
+    """torch.optim's zero_grad reads and sets every .grad (two calls through the mode per parameter)
+    and places nothing: it runs outside the mode, both ways of zeroing; a class of the script's keeps
+    the mode, whether it overrides zero_grad (and places a tensor on "cuda" there) or inherits it."""
+    model = nn.Linear(4, 4).to("cuda")
+
+    def backward() -> None:
+        model(torch.ones(2, 4, device="cuda")).sum().backward()
+
+    backward()
+    builtin = torch.optim.SGD(model.parameters(), lr=0.1)
+    dispatched.clear()
+    builtin.zero_grad(set_to_none=False)
+    assert dispatched == [] and all(torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+    dispatched.clear()
+    builtin.zero_grad()
+    assert dispatched == [] and all(p.grad is None for p in model.parameters())
+
+    class Mine(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self.extra = torch.zeros(1, device="cuda")
+            super().zero_grad(set_to_none)
+
+    class Inherits(torch.optim.SGD):
+        pass
+
+    mine = Mine(model.parameters(), lr=0.1)
+    for optimizer in (mine, Inherits(model.parameters(), lr=0.1)):
+        backward()
+        dispatched.clear()
+        optimizer.zero_grad()
+        assert _named(dispatched, "__get__") and all(p.grad is None for p in model.parameters())
+    assert mine.extra.device.type == "cpu"
+
+
+def test_a_tensor_dataset_is_fetched_outside_the_mode(dispatched):
+    """A TensorDataset's batch, collated by default_collate, is indexed and stacked outside the mode
+    (two calls per sample through it otherwise) and is the same batch; a dataset of the script's, or a
+    collate function of its own, is fetched inside the mode: its tensors placed on "cuda" land on the CPU."""
+    from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+    data = TensorDataset(torch.arange(12.0).reshape(6, 2), torch.arange(6))
+    dispatched.clear()
+    batches = list(DataLoader(data, batch_size=3))
+    assert _named(dispatched, "__getitem__") == [] and _named(dispatched, "stack") == []
+    assert torch.equal(batches[1][0], data.tensors[0][3:]) and torch.equal(batches[1][1], data.tensors[1][3:])
+
+    dispatched.clear()
+    list(DataLoader(data, batch_size=3, collate_fn=lambda rows: rows))
+    assert len(_named(dispatched, "__getitem__")) == 12  # the script's collate function: inside the mode
+
+    class OnTheGpu(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.full((1,), float(i), device="cuda")
+
+    dispatched.clear()
+    (first, second) = list(DataLoader(OnTheGpu(), batch_size=2))
+    assert first.device.type == "cpu" and second.tolist() == [[2.0], [3.0]]
+    assert len(_named(dispatched, "full")) == 4

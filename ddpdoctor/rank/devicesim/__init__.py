@@ -58,10 +58,12 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
     if not decision.active:
         return ledger.emit
     from ddpdoctor.rank.devicesim import amp, cuda_api, distributed, syncbn
-    from ddpdoctor.rank.devicesim.mode import CpuDeviceMode, wrap_load, wrap_pin_memory, wrap_profile_hook_step
+    from ddpdoctor.rank.devicesim.mode import (CpuDeviceMode, wrap_load, wrap_map_fetch, wrap_pin_memory,
+                                               wrap_profile_hook_step, wrap_zero_grad)
     from ddpdoctor.rank.probes.patching import patch
 
     import torch
+    import torch.utils.data._utils.fetch as fetch_module
     import torch.utils.data._utils.pin_memory as pin_memory_module
 
     devices = cuda_api.install(rec, ledger, nproc_per_node=nproc_per_node)
@@ -73,6 +75,8 @@ def install(rec: Optional[Recorder], *, mode: str = "auto", nproc_per_node: Opti
     patch(rec, "device", pin_memory_module, "pin_memory", wrap_pin_memory(ledger))
     cpu_mode = CpuDeviceMode(ledger, lambda: devices.count)
     patch(rec, "device", torch.optim.Optimizer, "profile_hook_step", wrap_profile_hook_step(cpu_mode))
+    patch(rec, "device", torch.optim.Optimizer, "zero_grad", wrap_zero_grad(cpu_mode))
+    patch(rec, "device", fetch_module._MapDatasetFetcher, "fetch", wrap_map_fetch(cpu_mode))
     cpu_mode.__enter__()
 
     def finish() -> None:

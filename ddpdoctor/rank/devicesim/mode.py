@@ -192,9 +192,55 @@ def wrap_profile_hook_step(cpu_mode: CpuDeviceMode) -> Callable[[Any], Any]:
     return wrap
 
 
+def wrap_zero_grad(cpu_mode: CpuDeviceMode) -> Callable[[Any], Any]:
+    """``Optimizer.zero_grad``: run with the simulation's mode popped for torch.optim's own classes.
+    It reads and sets each parameter's ``.grad`` (two calls through the mode per parameter, every
+    step: 300 for a 149-tensor GPT) and places nothing; a class of the script's own, which may
+    override what it calls, keeps the mode."""
+
+    def wrap(original):
+        def zero_grad(self, *args, **kwargs):
+            if not _builtin(type(self)):
+                return original(self, *args, **kwargs)
+            return _run_outside(cpu_mode, original, self, *args, **kwargs)
+
+        return zero_grad
+
+    return wrap
+
+
+def wrap_map_fetch(cpu_mode: CpuDeviceMode) -> Callable[[Any], Any]:
+    """``_MapDatasetFetcher.fetch`` (a batch of a map-style dataset, in the loop's process or a
+    worker): run with the simulation's mode popped for torch's own ``TensorDataset`` collated by
+    ``default_collate``. Its ``__getitem__`` indexes each of its tensors once per sample (128 calls
+    through the mode for a batch of 64 pairs) and neither it nor the collation places anything by
+    device name; any other dataset or collate function runs inside the mode, as the script wrote it."""
+    from torch.utils.data import TensorDataset
+    from torch.utils.data._utils.collate import default_collate, default_convert
+
+    def wrap(original):
+        def fetch(self, possibly_batched_index):
+            if type(self.dataset) is not TensorDataset or self.collate_fn not in (default_collate, default_convert):
+                return original(self, possibly_batched_index)
+            return _run_outside(cpu_mode, original, self, possibly_batched_index)
+
+        return fetch
+
+    return wrap
+
+
 def _builtin(owner: Any) -> bool:
     """Whether a function or class is torch.optim's own (not a subclass or an override of the script's)."""
     return str(getattr(owner, "__module__", "")).startswith("torch.optim.")
+
+
+def _run_outside(cpu_mode: CpuDeviceMode, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``func(*args, **kwargs)`` with the simulation's mode popped, where it is the innermost mode
+    and torch.compile is not tracing (else inside it, as the script runs it)."""
+    if torch.compiler.is_compiling() or not _on_top(cpu_mode):
+        return func(*args, **kwargs)
+    with _pop_mode_temporarily():
+        return func(*args, **kwargs)
 
 
 def _step_outside(func: Callable[..., Any], cpu_mode: CpuDeviceMode) -> Callable[..., Any]:
@@ -205,10 +251,8 @@ def _step_outside(func: Callable[..., Any], cpu_mode: CpuDeviceMode) -> Callable
 
     @functools.wraps(func)
     def step(*args, **kwargs):
-        if (len(args) != 1 or kwargs or not _builtin(type(args[0])) or torch.compiler.is_compiling()
-                or not _on_top(cpu_mode)):
+        if len(args) != 1 or kwargs or not _builtin(type(args[0])):
             return func(*args, **kwargs)
-        with _pop_mode_temporarily():
-            return func(*args, **kwargs)
+        return _run_outside(cpu_mode, func, *args)
 
     return step
