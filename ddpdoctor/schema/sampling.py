@@ -8,8 +8,8 @@ setting shows at step 1), then every 20th up to step 200, then every 50th: the p
 amortizes to a few percent of training even for large models and short jobs. A fingerprinted step
 reads every gradient and parameter once and takes the checks' other samples (about 10% of a CPU
 step). A bug that first shows after step 10 is reported at most 19 steps later, at the next multiple
-of 20 (issue #34: every 10th step cost 0.5% of the 200-step job's mean step more, for reporting such
-a bug ten steps sooner).
+of 20 (issue #34: every 10th step, nine more fingerprinted steps in 200, cost 0.5-0.7% of that job's
+mean step to report such a bug ten steps sooner).
 """
 
 from __future__ import annotations
