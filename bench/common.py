@@ -36,6 +36,23 @@ class Run:
         return f"exit {self.returncode}"
 
 
+def one_rank_env() -> None:
+    """This process as rank 0 of a one-process gloo group, on a port of its own (in-process benchmarks)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
+                      WORLD_SIZE="1", LOCAL_RANK="0")
+
+
+def overhead_mlp(width: int = 1024):  # -> torch.nn.Sequential (torch is imported only by those who build it)
+    """The user-overhead job's MLP (bench/workloads/mlp_step.py's default, 9.5M parameters at width 1024),
+    not wrapped: nine Linear+ReLU layers and a Linear to 10 classes, built in that order."""
+    import torch.nn as nn
+
+    layers: list[nn.Module] = []
+    for _ in range(9):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
 def run(cmd: list[str], cwd: str, env: dict | None = None, timeout: float = 900) -> Run:
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)

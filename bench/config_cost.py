@@ -15,7 +15,6 @@ probe's own work timed alone (one thread), next to the step it rides on.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import table  # noqa: E402
+from common import one_rank_env, overhead_mlp, table  # noqa: E402
 
 
 def _median_us(fn: Callable[[], object], repeats: int = 200) -> float:
@@ -39,11 +38,10 @@ def _median_us(fn: Callable[[], object], repeats: int = 200) -> float:
 
 
 def _models():
-    import torch.nn as nn
 
     from gpt_step import GPT
 
-    mlp = nn.Sequential(*[layer for _ in range(9) for layer in (nn.Linear(1024, 1024), nn.ReLU())], nn.Linear(1024, 10))
+    mlp = overhead_mlp()
     gpt = GPT(vocab=32000, width=768, depth=12, heads=12, context=512)
     return [("MLP 9x1024 (9.5M params)", mlp), ("GPT 12x768 (135M params)", gpt)]
 
@@ -54,8 +52,7 @@ def bench_config() -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    one_rank_env()
     torch.set_num_threads(1)
     from ddpdoctor.rank import probes
     from ddpdoctor.rank.probes import config as config_probe
@@ -120,7 +117,6 @@ def _with_and_without(width: int) -> list:
     """Median CPU time of a step of two identical DDP models, one wrapped with #22's probes and one
     without, stepped in alternating blocks."""
     import torch
-    import torch.nn as nn
     from torch.nn.parallel import DistributedDataParallel
 
     from ddpdoctor.rank.probes import ddp as ddp_probe
@@ -131,8 +127,7 @@ def _with_and_without(width: int) -> list:
         saved = list(ddp_probe.ATTACH_LISTENERS)
         ddp_probe.ATTACH_LISTENERS[:] = listeners
         try:
-            layers = [layer for _ in range(9) for layer in (nn.Linear(width, width), nn.ReLU())]
-            model = DistributedDataParallel(nn.Sequential(*layers, nn.Linear(width, 10)))
+            model = DistributedDataParallel(overhead_mlp(width))
         finally:
             ddp_probe.ATTACH_LISTENERS[:] = saved
         return model, torch.optim.SGD(model.parameters(), lr=0.01)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import probe_cost  # noqa: E402
+from common import one_rank_env  # noqa: E402
 
 
 def main() -> None:
@@ -31,8 +31,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=1, help="--fingerprint-every (1: every step)")
     args = parser.parse_args()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    one_rank_env()
     torch.set_num_threads(1)
     from ddpdoctor.rank import fingerprint, probes
     from ddpdoctor.rank.recorder import Recorder

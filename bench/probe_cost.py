@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from common import one_rank_env  # noqa: E402
+
 
 def build(kind: str, device: torch.device):
     if kind == "gpt":
@@ -91,8 +93,7 @@ def run_variant(kind: str, steps: int, variant: str, every: int, clock: str = "w
 
 
 def child(kind: str, steps: int, variant: str, every: int, clock: str = "wall") -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
+    one_rank_env()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     if variant != "no probes":
         from ddpdoctor.rank import probes

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from common import overhead_mlp
 from ddpdoctor.rank import fingerprint
 
 
@@ -51,10 +52,7 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as store:
         dist.init_process_group("gloo", init_method=f"file://{os.path.join(store, 'store')}", rank=0, world_size=1)
-        layers: list[nn.Module] = []
-        for _ in range(9):
-            layers += [nn.Linear(1024, 1024), nn.ReLU()]
-        model = DistributedDataParallel(nn.Sequential(*layers, nn.Linear(1024, 10)))
+        model = DistributedDataParallel(overhead_mlp())
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         params = list(model.parameters())
         x, y = torch.randn(64, 1024), torch.randint(0, 10, (64,))

@@ -20,14 +20,15 @@ import sys
 import tempfile
 import time
 
+from common import one_rank_env, overhead_mlp
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12, help="steps run; the last one is counted")
     args = parser.parse_args()
     evidence = tempfile.mkdtemp()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    one_rank_env()
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -56,10 +57,7 @@ def main() -> None:
     CpuDeviceMode.__torch_function__ = counted  # type: ignore[method-assign]
     finish = devicesim.install(Recorder(RankSettings(evidence_dir=evidence)), mode="simulate", nproc_per_node=1)
     dist.init_process_group("gloo")
-    layers: list[nn.Module] = []
-    for _ in range(9):
-        layers += [nn.Linear(1024, 1024), nn.ReLU()]
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(*layers, nn.Linear(1024, 10)).to("cuda"))
+    model = nn.parallel.DistributedDataParallel(overhead_mlp().to("cuda"))
     data = TensorDataset(torch.randn(args.steps * 64, 1024), torch.randint(0, 10, (args.steps * 64,)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = iter(DataLoader(data, batch_size=64, sampler=DistributedSampler(data)))

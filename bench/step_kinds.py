@@ -45,6 +45,8 @@ import tempfile
 import time
 from typing import Callable
 
+from common import one_rank_env, overhead_mlp
+
 VARIANTS = {"no probes": ("none", 0), "probes, no fingerprint": ("probes", 10 ** 9),
             "probes, fingerprint every step": ("probes", 1)}
 
@@ -132,8 +134,7 @@ def _time_probe_functions() -> tuple[Callable[[], None], Callable[[int], None]]:
 
 def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kind: str, torch_profile: bool,
           fused_stub: bool = False, probe_times: bool = False) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29000 + os.getpid() % 1000), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    one_rank_env()
     import torch
     import torch.distributed as dist
     import torch.nn as nn
@@ -168,10 +169,7 @@ def child(kind: str, every: int, steps: int, profile: bool, drop: str, model_kin
         tokens = torch.randint(0, vocab, (steps * batch, context + 1))
         data = TensorDataset(tokens[:, :-1], tokens[:, 1:])
     else:
-        layers: list[nn.Module] = []
-        for _ in range(9):
-            layers += [nn.Linear(1024, 1024), nn.ReLU()]
-        net = nn.Sequential(*layers, nn.Linear(1024, 10))
+        net = overhead_mlp()
         data = TensorDataset(torch.randn(steps * 64, 1024), torch.randint(0, 10, (steps * 64,)))
         batch = 64
     model = nn.parallel.DistributedDataParallel(net.cuda() if cuda else net)
