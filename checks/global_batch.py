@@ -34,7 +34,8 @@ batch (and of every micro-batch of an accumulation window):
 
 where n_r is how many elements contribute to rank r's mean-reduced loss (targets not equal to
 `ignore_index`) and f_r the constant factor between that loss and `backward()` (a division by the
-accumulation steps is 1/4). On the steps the fingerprints sample, each rank records its calls of
+accumulation steps is 1/4). On the steps the fingerprints sample (at the default schedule's pace
+when `--fingerprint-every` asks for more), each rank records its calls of
 `cross_entropy`/`nll_loss` (and their module forms) with their counts, and walks the autograd graph
 from `backward()`'s root to them, through additions, scalings, means and sums only. No collective
 is added. It warns when:

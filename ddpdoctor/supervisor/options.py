@@ -156,7 +156,8 @@ LAUNCH = Option("launch", ("--launch",), LaunchMode, "auto", run_field=True, met
                 help="torchrun, or spawn for scripts that start their own workers; {default} (default) detects.")
 FINGERPRINT_EVERY = Option(
     "fingerprint_every", ("--fingerprint-every",), int, 0, run_field=True, metavar="K", validate=_fingerprint_every,
-    help="Fingerprint gradients and parameters every K-th step; {default} (default): " + describe(AUTO) + ".")
+    help="Fingerprint gradients and parameters every K-th step; {default} (default): " + describe(AUTO) + "; a "
+         "divergence's cause (DDP's all-reduce snapshot) and global-batch's loss windows keep the default's pace.")
 QUIET = Option("quiet", ("--quiet", "-q"), bool, False, help="Hide the script's own output.")
 PLAIN = Option("plain", ("--plain",), bool, False, help="Plain lines even on a terminal.")
 KEEP_EVIDENCE = Option("keep_evidence", ("--keep-evidence",), Path, None, run_field=True, metavar="DIR",

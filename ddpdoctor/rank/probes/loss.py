@@ -2,8 +2,8 @@
 
 DDP averages the ranks' gradients. That average is the gradient of the global batch only if every
 element of the global batch weighs the same in the loss that was backpropagated. On the steps the
-fingerprints sample (their accumulation window: every backward since the previous step), this probe
-records:
+fingerprints sample (their accumulation window: every backward since the previous step), at the
+automatic schedule's pace under ``--fingerprint-every`` (``sampling.explains``), this probe records:
 
 - each call of ``F.cross_entropy`` / ``F.nll_loss`` (their module forms call them) made with
   gradients: its reduction and how many targets contribute (not ``ignore_index``), as a count

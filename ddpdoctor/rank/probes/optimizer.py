@@ -48,7 +48,7 @@ from ddpdoctor.rank.torch_modes import outside_torch_modes
 from ddpdoctor.schema.events import ConfigState, OptimizerInfo, ReplacedParams, Step, UnchangedWeights
 from ddpdoctor.schema.fingerprints import encode_fingerprints
 from ddpdoctor.schema.probes import FUSED_FINGERPRINT_KERNEL
-from ddpdoctor.schema.sampling import should_fingerprint
+from ddpdoctor.schema.sampling import explains, should_fingerprint
 
 PROBE = "optimizer"
 LOADED_AT: SideTable[list] = SideTable()  # optimizer -> the user's line that restored its state before its first step
@@ -137,8 +137,9 @@ def install(rec: Recorder) -> Callable[[], None]:
         state.written = None
         if state.sampled and not state.closure:
             params = params_of(optimizer)
-            with rec.guard(PROBE, "reduced gradients"):
-                state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
+            if explains(state.num_steps, rec.fingerprint_every):  # the all-reduce snapshot was taken
+                with rec.guard(PROBE, "reduced gradients"):
+                    state.reduced = wrapping.reduced_for(params, sorted(state.owned_ddp))
             # One pass over the gradients: their full fingerprints and, to compare with the snapshot
             # DDP's all-reduce left, the same sample of them.
             state.pending_grads = fingerprints.start([p.grad for p in params], also_sampled=state.reduced is not None)
@@ -170,14 +171,14 @@ def install(rec: Recorder) -> Callable[[], None]:
         if not fingerprinted:  # in order behind the steps whose fingerprints are on their way
             rec.host_copies.later([], lambda _: rec.emit_stamped(step))
         state.pending_grads = state.reduced = state.scale = state.config = state.written = None
-        next_sampled = should_fingerprint(state.num_steps + 1, rec.fingerprint_every)
-        if next_sampled:  # what writes the parameters before the next step shows in their version counters
-            state.versions = [p._version for p in params_of(optimizer)]
+        if should_fingerprint(state.num_steps + 1, rec.fingerprint_every):
+            state.versions = [p._version for p in params_of(optimizer)]  # what writes the parameters before it
+        next_explained = explains(state.num_steps + 1, rec.fingerprint_every)
         with rec.guard(PROBE, "reduced gradients"):
-            wrapping.stepped(sorted(state.owned_ddp), next_sampled)
+            wrapping.stepped(sorted(state.owned_ddp), next_explained)
         if state.index == 0:  # the first optimizer's steps delimit the windows whose losses are weighed
             with rec.guard(loss_probe.PROBE, "window"):
-                loss_probe.close_window(rec, state.num_steps, next_sampled)
+                loss_probe.close_window(rec, state.num_steps, next_explained)
         rec.set_activity("training")
 
     def pre_hook(optimizer, args, kwargs):

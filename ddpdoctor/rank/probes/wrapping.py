@@ -10,7 +10,8 @@ of a divergence, and the gradients as DDP's all-reduce left them.
 - communication hooks (``register_comm_hook``);
 - parameters frozen when DDP was built made trainable again (``Module.requires_grad_(True)``,
   ``Optimizer.add_param_group``, ``Unfrozen``): DDP's reducer never took them;
-- on sampled iterations, the fingerprints of the gradients at the end of DDP's backward, after its
+- on sampled iterations (at the automatic schedule's pace under ``--fingerprint-every``:
+  ``sampling.explains``), the fingerprints of the gradients at the end of DDP's backward, after its
   all-reduce finished and before any user code ran: an autograd callback queued from a hook on the
   forward's output queues a second one, which runs after the callback DDP queues to finish its
   reduction. The optimizer probe compares them with the gradients it fingerprints before the step,
