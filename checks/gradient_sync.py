@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -45,6 +46,12 @@ differ, the ranks, the size of the difference, and which case it is:
 - **gradients equal, parameters differ**: something changed the weights outside the optimizer on
   some ranks (in-place edits on one rank, rank-dependent learning rate or weight decay, a checkpoint
   loaded on rank 0 only after wrapping).
+
+Whether gradients already differed out of DDP's all-reduce or were changed after it comes from a
+sampled snapshot of the gradients at the end of the all-reduce, taken on the default schedule's
+steps. With `--fingerprint-every`, which fingerprints more steps, a divergence can start at a step
+without one: the cause is then the one seen at the next step with a snapshot, when the same
+gradient still differs there, and the finding names that step.
 
 Under the CUDA simulation of a CPU-only machine, moving the wrapped model to the CPU and back
 changes nothing, so the gradients still agree there; the round trip itself is reported as the
@@ -103,6 +110,9 @@ class Diverged(EvidenceRecord, ReplicasDiverged):
     relative_difference: Optional[float] = evidence_field(label="relative difference", unit="fraction", keep_none=True)
     # Sampled steps: the replicas diverged after this step (None: at the first compared step).
     last_identical_step: Optional[int] = evidence_field(keep_none=True)
+    # The later step whose all-reduce snapshot shows the cause (None: ``step`` itself). --fingerprint-every
+    # takes the snapshot on the automatic schedule's steps only (sampling.explains).
+    cause_step: Optional[int] = evidence_field(label="cause seen at optimizer step")
 
 
 @dataclass(frozen=True)
@@ -361,19 +371,55 @@ def _grad_case(evidence: Evidence, div: Divergence, in_ddp: bool, ddp_index: Opt
                      "some parameters got no gradient, so DDP's bucketed all-reduce never completed (see "
                      "unused-parameters)",
                      "Make every parameter take part in the loss, or pass find_unused_parameters=True.")
-    reduced = _reduced(div)
+    cause = _explained(evidence, div)
+    reduced = _reduced(cause)
     if reduced is not None and len(group_by_value(reduced)) > 1:
-        return _allreduce_case(evidence, ranks, ddp_index)
-    touched = sorted(r for r, e in div.events.items() if e.touched)
+        return _seen_at(_allreduce_case(evidence, ranks, ddp_index), div, cause)
+    touched = sorted(r for r, e in cause.events.items() if e.touched)
     why = "DDP synchronized the backward pass, but the gradients were changed afterwards on some ranks"
     extra = {}
     if reduced is not None and touched:
         why += f" ({fmt_ranks(touched)} changed gradients between the end of DDP's all-reduce and the step)"
-        extra = {"changed_after_all_reduce": {str(r): div.events[r].touched for r in touched}}
-    return _Case(Case.MODIFIED_AFTER_BACKWARD, why,
-                 "Modify gradients (clipping, scaling, masking) identically on every rank, after backward and "
-                 "before step.",
-                 extra=extra, record=ChangedAfterBackward)
+        extra = {"changed_after_all_reduce": {str(r): cause.events[r].touched for r in touched}}
+    return _seen_at(_Case(Case.MODIFIED_AFTER_BACKWARD, why,
+                          "Modify gradients (clipping, scaling, masking) identically on every rank, after backward "
+                          "and before step.",
+                          extra=extra, record=ChangedAfterBackward), div, cause)
+
+
+def _explained(evidence: Evidence, div: Divergence) -> Divergence:
+    """``div``, or where its step has no all-reduce snapshot on some rank (a step that
+    ``--fingerprint-every`` added between the automatic schedule's: sampling.explains), the next step
+    that has one on the same ranks, if the same gradient still differs there: gradients that differ
+    are a fault of their own step (DDP's all-reduce makes them equal whatever the weights), and one
+    that goes on to the next explained step is most likely the same fault, seen there."""
+    if all(e.touched is not None for e in div.events.values()):
+        return div
+    for (n, opt), per_rank in facts.steps.sampled(evidence).steps.items():
+        if opt != div.optimizer or n <= div.step:
+            continue
+        events = {r: per_rank[r] for r in div.events if r in per_rank}
+        if len(events) < len(div.events) or any(e.touched is None or e.grads is None for e in events.values()):
+            continue
+        decoded = {r: decode_fingerprints(e.grads or "") for r, e in events.items()}
+        if any(div.index >= len(values) for values in decoded.values()):
+            return div
+        values = {r: d[div.index] for r, d in decoded.items()}
+        groups = group_by_value(values)
+        if len(groups) < 2:
+            return div  # equal there: a fault of some steps only, whose cause was not seen
+        return Divergence(n, opt, div.index, "grads", groups, values, events, div.last_identical_step)
+    return div
+
+
+def _seen_at(found: _Case, div: Divergence, cause: Divergence) -> _Case:
+    """``found``, saying so where its cause was seen at a later step than the divergence."""
+    if cause.step == div.step:
+        return found
+    return dataclasses.replace(found, why=f"{found.why} (seen at optimizer step {cause.step}, the first step after "
+                                          f"{div.step} with DDP's all-reduce snapshot: under --fingerprint-every it "
+                                          f"is taken on the default schedule's steps)",
+                               extra={**found.extra, "cause_step": cause.step})
 
 
 def _frozen_case(evidence: Evidence, div: Divergence, ddp_index: int) -> _Case:

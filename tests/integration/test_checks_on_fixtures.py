@@ -46,6 +46,7 @@ KNOWN_BAD = {
     "bad_grad_device_round_trip.py": ({"gradient-sync": "error"}, set()),
     "bad_grad_ddp_rewrap.py": ({"gradient-sync": "error"}, set()),
     "bad_grad_comm_hook.py": ({"gradient-sync": "error"}, set()),
+    "bad_grad_comm_hook_late.py": ({"gradient-sync": "error"}, set()),
 }
 
 # fixture -> consequences a run may also attach, by timing. Rank 0's stray all_reduce pairs with rank 1's
@@ -62,6 +63,7 @@ GRADIENT_CASES = {
     "bad_grad_bf16_round_trip.py": "converted-after-wrap",
     "bad_grad_ddp_rewrap.py": "ddp-rewrapped",
     "bad_grad_comm_hook.py": "comm-hook",
+    "bad_grad_comm_hook_late.py": "comm-hook",
 }
 
 def _options(fixture: str) -> tuple:

@@ -108,6 +108,24 @@ def test_corrupting_comm_hook_is_named_and_no_clipping_advice_is_given(run_check
     assert _at(finding, fixture, "model.register_comm_hook(")
 
 
+def test_every_step_names_the_first_divergent_step_and_the_cause_seen_at_the_next_snapshot(run_check):
+    """The hook corrupts rank 1's all-reduce from step 13 on. Every step fingerprinted: step 13 is
+    reported, with the cause DDP's all-reduce snapshot shows at step 20 (the default schedule's steps
+    take it); the default schedule compares step 20 first, and sees the cause there itself."""
+    fixture = "bad_grad_comm_hook_late.py"
+    (every,) = run_check(fixture, "--fingerprint-every", "1").findings("gradient-sync", "error")
+    (default,) = run_check(fixture).findings("gradient-sync", "error")
+    for finding in (every, default):
+        assert finding["evidence"]["case"] == "comm-hook"
+        assert "`failing_allreduce`" in finding["message"]
+        assert _at(finding, fixture, "model.register_comm_hook(")
+    assert (every["evidence"]["step"], every["evidence"]["last_identical_step"], every["evidence"]["cause_step"]) \
+        == (13, 12, 20)
+    assert "(seen at optimizer step 20, the first step after 13 with DDP's all-reduce snapshot" in every["message"]
+    assert (default["evidence"]["step"], default["evidence"]["last_identical_step"]) == (20, 10)
+    assert "cause_step" not in default["evidence"]
+
+
 def test_bypass_points_at_the_bypassing_forward(run_check):
     fixture = "bad_grad_bypass.py"
     (finding,) = run_check(fixture).findings("gradient-sync", "error")

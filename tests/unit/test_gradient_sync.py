@@ -322,6 +322,63 @@ def test_reduced_gradients_unknown_on_a_rank_keep_the_generic_case():
     assert only_finding(result).evidence["case"] == "modified-after-backward"
 
 
+def test_a_cause_not_seen_at_the_first_divergent_step_is_taken_from_the_next_step_that_saw_it():
+    """--fingerprint-every 1: step 37 diverges first, and only step 40 (the automatic schedule's)
+    took DDP's all-reduce snapshot; the gradients still differ there, as they came out of it."""
+    result = run(2, [init_pg(backend="nccl"), ddp_wrap(NAMES, line=21), optimizer(NAMES)], {
+        0: [step(36, fp(1.0, 2.0)), step(37, fp(1.0, 2.0)), step(38, fp(1.0, 2.0)),
+            step(40, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0))],
+        1: [step(36, fp(1.0, 2.0)), step(37, fp(1.001, 2.0)), step(38, fp(1.001, 2.0)),
+            step(40, fp(1.001, 2.0), touched=0, reduced=fp(7.5, 8.0))],
+    })
+    finding = only_finding(result)
+    assert (finding.severity, finding.evidence["case"], finding.evidence["step"]) == ("error", "all-reduce-differs", 37)
+    assert "gradients of `fc.weight` differ across ranks at optimizer step 37" in finding.message
+    assert finding.location == Location(SCRIPT, 21)  # the wrap: the all-reduce DDP runs
+    assert finding.evidence["cause_step"] == 40
+    assert finding.evidence["last_identical_step"] == 36
+    assert "(seen at optimizer step 40, the first step after 37 with DDP's all-reduce snapshot" in finding.message
+
+
+def test_a_borrowed_cause_names_the_ranks_that_changed_gradients_at_that_step():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
+        0: [step(37, fp(1.0, 2.0)), step(40, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0))],
+        1: [step(37, fp(0.5, 2.0)), step(40, fp(0.5, 2.0), touched=1, reduced=fp(7.0, 8.0))],
+    })
+    finding = only_finding(result)
+    assert_divergence(finding, case="modified-after-backward", step_n=37, parameter="fc.weight")
+    assert finding.evidence["changed_after_all_reduce"] == {"1": 1}
+    assert finding.evidence["cause_step"] == 40
+
+
+def test_a_gradient_equal_again_at_the_next_explained_step_keeps_its_cause_unseen():
+    """A fault of step 37 alone: at step 40 the gradients agree (the all-reduce averaged them), so
+    step 40's snapshot says nothing about step 37, even though a later step differs again."""
+    result = run(2, [init_pg(backend="nccl"), ddp_wrap(NAMES), optimizer(NAMES), comm_hook()], {
+        0: [step(37, fp(1.0, 2.0)), step(40, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0), params=[[3.0], [1.0]]),
+            step(60, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0))],
+        1: [step(37, fp(1.001, 2.0)), step(40, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0), params=[[4.0], [1.0]]),
+            step(60, fp(1.001, 2.0), touched=0, reduced=fp(7.5, 8.0))],
+    })
+    finding = only_finding(result)
+    assert_divergence(finding, case="modified-after-backward", step_n=37, parameter="fc.weight")
+    assert "cause_step" not in finding.evidence
+    assert "changed_after_all_reduce" not in finding.evidence
+    assert "seen at optimizer step" not in finding.message
+
+
+def test_a_divergent_step_with_its_own_snapshot_borrows_nothing():
+    result = run(2, [ddp_wrap(NAMES), optimizer(NAMES), comm_hook("flaky_allreduce", line=36)], {
+        0: [step(3, fp(1.0, 2.0), touched=0, reduced=fp(7.0, 8.0)), step(4, fp(1.0, 2.0), touched=1,
+                                                                          reduced=fp(7.0, 8.0))],
+        1: [step(3, fp(1.001, 2.0), touched=0, reduced=fp(7.5, 8.0)), step(4, fp(0.5, 2.0), touched=0,
+                                                                            reduced=fp(7.0, 8.0))],
+    })
+    finding = only_finding(result)
+    assert finding.evidence["case"] == "comm-hook"
+    assert "cause_step" not in finding.evidence
+
+
 def test_a_device_round_trip_under_the_cuda_simulation_is_the_gpu_bug_it_is():
     moves = [module_conversion("cpu", "cpu", swapped=False, device_move=True, line=36, t=1.0),
              module_conversion("cuda", "cuda", swapped=False, device_move=True, line=39, t=2.0)]
