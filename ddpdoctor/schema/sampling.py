@@ -46,7 +46,7 @@ def explains(n: int, every: int = AUTO) -> bool:
     evidence that explains a divergence and weighs the global batch: every fingerprinted step of the
     automatic schedule; under an explicit interval, the first fingerprinted step at or after each step
     of the automatic schedule: never more often than the automatic schedule (its very steps for
-    ``every`` 1), never less often than the fingerprints (every fingerprinted step for an interval of
+    ``every`` 1), as often as the fingerprints allow (every fingerprinted step for an interval of
     ``LATE_EVERY`` or more)."""
     if not should_fingerprint(n, every):
         return False
